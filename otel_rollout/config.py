@@ -1,0 +1,232 @@
+"""Every ``OTEL_ROLLOUT_*`` setting, parsed and validated in one place.
+
+A training job must never die because an observability variable is malformed, so parsing never
+raises: each bad value yields one :class:`Problem` (logged once as a warning naming the variable, the
+value and the default used instead) and the default takes its place. ``otel-rollout check`` turns
+the same problems into a non-zero exit, so CI or a launcher can refuse a bad configuration early.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+_logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# RL responses run from a fraction of a second to hours: the GenAI semconv defaults stop at ~82 s.
+DEFAULT_LATENCY_BUCKETS: tuple[float, ...] = (
+    0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 180, 300, 600, 900, 1200, 1800, 3600, 7200,
+)
+DEFAULT_TTFT_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,
+)
+DEFAULT_TPOT_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5,
+)
+DEFAULT_TOKEN_BUCKETS: tuple[float, ...] = (
+    1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144,
+)
+DEFAULT_RATIO_BUCKETS: tuple[float, ...] = (1, 1.25, 1.5, 2, 3, 5, 10, 20, 50, 100)
+
+CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+"""The standard GenAI opt-in; we read it rather than inventing our own."""
+
+
+class ConfigError(ValueError):
+    """A value that cannot be used; carries a message meant for a human."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    variable: str
+    value: str
+    reason: str
+    default: str
+
+    def message(self) -> str:
+        return (
+            f"{self.variable}={self.value!r} is invalid ({self.reason}); "
+            f"using the default {self.default} instead"
+        )
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One environment variable: its parser, default and the sentence the README shows."""
+
+    env: str
+    attr: str
+    default: T
+    parse: Callable[[str], T]
+    doc: str
+    render: Callable[[T], str] = str
+
+    def read(self, environ: Mapping[str, str]) -> tuple[T, Problem | None]:
+        raw = environ.get(self.env)
+        if raw is None or raw.strip() == "":
+            return self.default, None
+        try:
+            return self.parse(raw.strip()), None
+        except ConfigError as exc:
+            return self.default, Problem(self.env, raw, str(exc), self.render(self.default))
+
+
+# --- parsers: each raises ConfigError with a reason a user can act on --------------------
+
+def _bool(raw: str) -> bool:
+    low = raw.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError("expected true or false")
+
+
+def _finite(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ConfigError("must be a finite number")
+    return value
+
+
+def _buckets(raw: str) -> tuple[float, ...]:
+    parts = [p.strip() for p in raw.split(",")]
+    if any(p == "" for p in parts):
+        raise ConfigError("empty entry in comma-separated list")
+    values = tuple(_finite(p) for p in parts)
+    if len(values) > 200:
+        raise ConfigError(f"{len(values)} boundaries; at most 200 keep scrapes cheap")
+    if any(v < 0 for v in values):
+        raise ConfigError("boundaries must not be negative")
+    if any(b <= a for a, b in zip(values, values[1:])):
+        raise ConfigError("boundaries must be strictly increasing")
+    return values
+
+
+def _quantile(raw: str) -> float:
+    value = _finite(raw)
+    if not 0.0 < value < 1.0:
+        raise ConfigError("must lie strictly between 0 and 1")
+    return value
+
+
+def _int_range(low: int, high: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"{raw!r} is not an integer") from None
+        if not low <= value <= high:
+            raise ConfigError(f"must be between {low} and {high}")
+        return value
+
+    return parse
+
+
+def _path(raw: str) -> str:
+    if "\x00" in raw:
+        raise ConfigError("contains a NUL byte")
+    return os.path.expanduser(raw)
+
+
+def _render_buckets(values: tuple[float, ...]) -> str:
+    return ",".join(f"{v:g}" for v in values)
+
+
+def _render_opt(value: Any) -> str:
+    return "(unset)" if value is None else str(value)
+
+
+SETTINGS: tuple[Setting[Any], ...] = (
+    Setting("OTEL_ROLLOUT_LATENCY_BUCKETS", "latency_buckets", DEFAULT_LATENCY_BUCKETS, _buckets,
+            "Histogram boundaries in seconds for request duration, queue time and step durations.",
+            _render_buckets),
+    Setting("OTEL_ROLLOUT_TTFT_BUCKETS", "ttft_buckets", DEFAULT_TTFT_BUCKETS, _buckets,
+            "Histogram boundaries in seconds for time to first token.", _render_buckets),
+    Setting("OTEL_ROLLOUT_TPOT_BUCKETS", "tpot_buckets", DEFAULT_TPOT_BUCKETS, _buckets,
+            "Histogram boundaries in seconds for time per output token.", _render_buckets),
+    Setting("OTEL_ROLLOUT_TOKEN_BUCKETS", "token_buckets", DEFAULT_TOKEN_BUCKETS, _buckets,
+            "Histogram boundaries in tokens for input/output token usage (response length).",
+            _render_buckets),
+    Setting("OTEL_ROLLOUT_CONTENT_MAX_LENGTH", "content_max_length", 1024, _int_range(0, 1_000_000),
+            "Characters of prompt/response text kept per message when content capture is on."),
+    Setting("OTEL_ROLLOUT_TAIL_QUANTILE", "tail_quantile", 0.9, _quantile,
+            "A step's tail starts when this share of its requests has finished."),
+    Setting("OTEL_ROLLOUT_STEP_SUMMARY", "step_summary", False, _bool,
+            "Print a compact summary to stderr when each step ends."),
+    Setting("OTEL_ROLLOUT_SUMMARY_STRAGGLERS", "summary_stragglers", 5, _int_range(0, 1000),
+            "How many of the slowest requests (with trace ids) the step summary lists."),
+    Setting("OTEL_ROLLOUT_BATCH_AS_STEP", "batch_as_step", False, _bool,
+            "Treat each offline batch call made outside any rollout_step() as a step of its own."),
+    Setting("OTEL_ROLLOUT_REPORT_DIR", "report_dir", None, _path,
+            "Write a PNG per step (request waterfall + response-length histogram) here; "
+            "needs the [report] extra.", _render_opt),
+    Setting("OTEL_ROLLOUT_STEP_LOG", "step_log", None, _path,
+            "Append one JSON line per finished step (its requests' timelines) to this file; "
+            "`otel-rollout report` renders it.", _render_opt),
+)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    latency_buckets: tuple[float, ...] = DEFAULT_LATENCY_BUCKETS
+    ttft_buckets: tuple[float, ...] = DEFAULT_TTFT_BUCKETS
+    tpot_buckets: tuple[float, ...] = DEFAULT_TPOT_BUCKETS
+    token_buckets: tuple[float, ...] = DEFAULT_TOKEN_BUCKETS
+    content_max_length: int = 1024
+    tail_quantile: float = 0.9
+    step_summary: bool = False
+    summary_stragglers: int = 5
+    batch_as_step: bool = False
+    report_dir: str | None = None
+    step_log: str | None = None
+    capture_content: bool = False
+    problems: tuple[Problem, ...] = field(default=(), compare=False)
+
+
+def _capture_content(environ: Mapping[str, str]) -> tuple[bool, Problem | None]:
+    raw = environ.get(CAPTURE_CONTENT_ENV)
+    if raw is None or raw.strip() == "":
+        return False, None
+    try:
+        return _bool(raw.strip()), None
+    except ConfigError as exc:
+        # The GenAI instrumentations also accept modes such as SPAN_ONLY; any of those means "on".
+        if raw.strip().upper() in ("SPAN_ONLY", "SPAN_AND_EVENT", "EVENT_ONLY"):
+            return True, None
+        return False, Problem(CAPTURE_CONTENT_ENV, raw, str(exc), "false")
+
+
+def load_config(environ: Mapping[str, str] | None = None, *, warn: bool = True) -> RolloutConfig:
+    """Read the environment; never raises. ``warn`` logs each problem once, as a warning."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    problems: list[Problem] = []
+    for setting in SETTINGS:
+        values[setting.attr], problem = setting.read(env)
+        if problem:
+            problems.append(problem)
+    values["capture_content"], problem = _capture_content(env)
+    if problem:
+        problems.append(problem)
+    if warn:
+        for problem in problems:
+            _logger.warning("otel_rollout: %s", problem.message())
+    return RolloutConfig(**values, problems=tuple(problems))
+
+
+def describe(config: RolloutConfig) -> list[tuple[str, str, str]]:
+    """(variable, effective value, meaning) rows, for ``otel-rollout check`` and the README."""
+    rows = [(s.env, s.render(getattr(config, s.attr)), s.doc) for s in SETTINGS]
+    rows.append((CAPTURE_CONTENT_ENV, str(config.capture_content).lower(),
+                 "Standard GenAI opt-in: record prompt and response text on spans."))
+    return rows

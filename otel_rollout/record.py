@@ -1,0 +1,144 @@
+"""The engine-neutral request record, and the one place where engine clocks become epoch time.
+
+Engines report on mixed clocks: vLLM stamps arrival with ``time.time()`` but token events with
+``time.monotonic()``; SGLang mixes wall-clock receive stamps with durations. OpenTelemetry wants
+epoch nanoseconds. Adapters hand over whatever the engine gave them, tagged with its clock, and
+:class:`Clock` converts it exactly once; nothing downstream ever sees a monotonic value.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_ABORT = "abort"
+FINISH_ERROR = "error"
+
+
+class StreamClosedEarly(Exception):
+    """The request's error when its consumer stopped reading (``break``, ``aclose``, dropped)."""
+
+_FINISH_ALIASES = {
+    "stop": FINISH_STOP,
+    "eos": FINISH_STOP,
+    "stop_sequence": FINISH_STOP,
+    "matched_stop": FINISH_STOP,
+    "length": FINISH_LENGTH,
+    "max_tokens": FINISH_LENGTH,
+    "abort": FINISH_ABORT,
+    "aborted": FINISH_ABORT,
+    "cancelled": FINISH_ABORT,
+    "error": FINISH_ERROR,
+}
+
+
+def normalize_finish_reason(reason: object) -> str | None:
+    """Map an engine's finish reason (a string, an enum, or SGLang's ``{"type": ...}``) to ours.
+
+    Metrics carry the result as a label, so anything unknown collapses to ``other`` rather than
+    leaking an unbounded value.
+    """
+    if reason is None:
+        return None
+    if isinstance(reason, dict):
+        reason = reason.get("type")
+        if reason is None:
+            return None
+    name = getattr(reason, "name", reason)
+    return _FINISH_ALIASES.get(str(name).lower(), "other")
+
+
+def _is_abort(error: BaseException) -> bool:
+    """Cancellation and early close are the caller's decision, not an engine failure."""
+    return isinstance(error, (StreamClosedEarly, GeneratorExit)) or (
+        type(error).__name__ == "CancelledError")
+
+
+class Clock:
+    """Converts monotonic readings to epoch nanoseconds with one offset sampled at creation.
+
+    Sampling the offset once per batch (rather than per value) keeps the relative timing of a
+    batch's requests exact even if the wall clock is slewed meanwhile.
+    """
+
+    __slots__ = ("_offset_ns",)
+
+    def __init__(self) -> None:
+        wall = time.time_ns()
+        mono = time.monotonic_ns()
+        self._offset_ns = wall - mono
+
+    def from_monotonic(self, seconds: float | None) -> int | None:
+        if seconds is None:
+            return None
+        return int(seconds * 1e9) + self._offset_ns
+
+    @staticmethod
+    def from_wall(seconds: float | None) -> int | None:
+        return None if seconds is None else int(seconds * 1e9)
+
+    def now_ns(self) -> int:
+        return time.monotonic_ns() + self._offset_ns
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """Everything we know about one finished (or failed) generate request.
+
+    Times are epoch nanoseconds. ``first_token_ns`` and ``scheduled_ns`` are optional because not
+    every engine mode reports them; ``timing_source`` says whether the timeline is the engine's own
+    (``engine``) or what the instrumentation observed at the engine's boundary (``observed``).
+    """
+
+    provider: str
+    model: str
+    operation: str
+    arrival_ns: int
+    finish_ns: int
+    request_id: str | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    finish_reasons: tuple[str, ...] = ()
+    scheduled_ns: int | None = None
+    first_token_ns: int | None = None
+    error: BaseException | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = None
+    timing_source: str = "engine"
+    prompt_text: str | None = None
+    completion_texts: tuple[str, ...] = field(default=())
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The single reason used as a metric label: error wins, else the first choice's."""
+        if self.error is not None:
+            return FINISH_ABORT if _is_abort(self.error) else FINISH_ERROR
+        return self.finish_reasons[0] if self.finish_reasons else None
+
+    @property
+    def duration_s(self) -> float:
+        return max(0, self.finish_ns - self.arrival_ns) / 1e9
+
+    @property
+    def queue_time_s(self) -> float | None:
+        if self.scheduled_ns is None:
+            return None
+        return max(0, self.scheduled_ns - self.arrival_ns) / 1e9
+
+    @property
+    def ttft_s(self) -> float | None:
+        if self.first_token_ns is None:
+            return None
+        return max(0, self.first_token_ns - self.arrival_ns) / 1e9
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Decode time per token after the first; undefined for fewer than two tokens."""
+        if self.first_token_ns is None or not self.output_tokens or self.output_tokens < 2:
+            return None
+        return max(0, self.finish_ns - self.first_token_ns) / 1e9 / (self.output_tokens - 1)

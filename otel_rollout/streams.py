@@ -1,0 +1,77 @@
+"""A transparent proxy for an engine's async result stream that finalizes its request once.
+
+A stream can end five ways: exhausted, raised, closed by the consumer (``aclose``/``break``),
+cancelled with its task, or dropped and garbage-collected. Each must end the request's telemetry
+exactly once and give back its in-flight slot; the consumer must see the engine's own objects and
+exceptions, untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import wrapt
+
+from otel_rollout.record import StreamClosedEarly
+
+
+class StreamObserver(Protocol):
+    def item(self, item: Any) -> None: ...
+
+    def finish(self, error: BaseException | None) -> None: ...
+
+
+class ObservedAsyncStream(wrapt.ObjectProxy):  # type: ignore[misc]
+    def __init__(self, wrapped: Any, observer: StreamObserver) -> None:
+        super().__init__(wrapped)
+        self._self_observer = observer
+        self._self_done = False
+
+    def _self_finish(self, error: BaseException | None) -> None:
+        if not self._self_done:
+            self._self_done = True
+            self._self_observer.finish(error)
+
+    def __aiter__(self) -> ObservedAsyncStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            item = await self.__wrapped__.__anext__()
+        except StopAsyncIteration:
+            self._self_finish(None)
+            raise
+        except BaseException as exc:
+            self._self_finish(exc)
+            raise
+        self._self_observer.item(item)
+        return item
+
+    async def asend(self, value: Any) -> Any:
+        try:
+            item = await self.__wrapped__.asend(value)
+        except StopAsyncIteration:
+            self._self_finish(None)
+            raise
+        except BaseException as exc:
+            self._self_finish(exc)
+            raise
+        self._self_observer.item(item)
+        return item
+
+    async def athrow(self, *args: Any) -> Any:
+        try:
+            return await self.__wrapped__.athrow(*args)
+        except BaseException as exc:
+            self._self_finish(exc if not isinstance(exc, StopAsyncIteration) else None)
+            raise
+
+    async def aclose(self) -> None:
+        try:
+            await self.__wrapped__.aclose()
+        finally:
+            self._self_finish(StreamClosedEarly("the consumer closed the stream before it ended"))
+
+    def __del__(self) -> None:
+        if not self._self_done:
+            self._self_finish(StreamClosedEarly("the stream was abandoned before it ended"))

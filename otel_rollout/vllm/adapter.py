@@ -1,0 +1,300 @@
+"""vLLM objects → request records, and the wrappers that collect them.
+
+Only translation lives here: which vLLM field holds which time, on which clock, and how many
+tokens. Spans and metrics are made by :class:`otel_rollout.telemetry.Telemetry`.
+
+Timing exactness (see README): with engine stats on (``AsyncLLM`` default, or
+``LLM(disable_log_stats=False)``) every timestamp is vLLM's own ``RequestStateStats``. A plain
+``LLM()`` keeps stats off; then arrival is the engine's ``arrival_time``, and first token and
+finish are the engine-core timestamps of the step that produced them, read where the output
+processor handles each step — exact to one engine step; queue time is not available.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate
+
+from otel_rollout.instrumentation import observing, should_observe
+from otel_rollout.record import Clock, RequestRecord, normalize_finish_reason
+from otel_rollout.streams import ObservedAsyncStream
+from otel_rollout.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from vllm.outputs import RequestOutput
+
+PROVIDER = "vllm"
+_STEP_TIMES = otel_context.create_key("otel_rollout.vllm.step_times")
+Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
+
+
+def model_name(engine: Any) -> str:
+    """The served model name; a local path is shortened to its last part to keep labels short."""
+    config = getattr(engine, "model_config", None)
+    if config is None:
+        config = getattr(getattr(engine, "llm_engine", None), "model_config", None)
+    name = getattr(config, "served_model_name", None) or getattr(config, "model", None) or "unknown"
+    if isinstance(name, (list, tuple)):
+        name = name[0] if name else "unknown"
+    name = str(name)
+    return os.path.basename(name.rstrip("/")) if os.path.isabs(name) else name
+
+
+class StepTimes:
+    """First-token and finish times per request id, read off the output processor.
+
+    Only used while one offline call runs with engine stats off; it lives in that call's
+    context and is dropped with it, so nothing is left behind between calls.
+    """
+
+    __slots__ = ("arrival", "first", "finish")
+
+    def __init__(self) -> None:
+        self.arrival: dict[str, float] = {}
+        self.first: dict[str, float] = {}
+        self.finish: dict[str, float] = {}
+
+
+def _param(params: Any, index: int) -> Any:
+    if params is None or not isinstance(params, Sequence):
+        return params
+    return params[index] if index < len(params) else None
+
+
+def _fill_sampling(record: RequestRecord, params: Any) -> None:
+    if params is None:
+        return
+    record.max_tokens = getattr(params, "max_tokens", None)
+    record.temperature = getattr(params, "temperature", None)
+    record.top_p = getattr(params, "top_p", None)
+    record.n = getattr(params, "n", None)
+
+
+def record_from_output(
+    output: RequestOutput,
+    operation: str,
+    model: str,
+    clock: Clock,
+    fallback_arrival_ns: int,
+    fallback_finish_ns: int,
+    times: StepTimes | None,
+    capture: bool,
+    output_tokens: int | None = None,
+) -> RequestRecord:
+    stats = getattr(output, "metrics", None)
+    rid = output.request_id
+    arrival, finish = fallback_arrival_ns, fallback_finish_ns
+    first = scheduled = None
+    source = "observed"
+    if stats is not None and getattr(stats, "arrival_time", 0):
+        arrival = Clock.from_wall(stats.arrival_time) or arrival
+        first = clock.from_monotonic(stats.first_token_ts or None)
+        scheduled = clock.from_monotonic(stats.scheduled_ts or None)
+        finish = clock.from_monotonic(stats.last_token_ts or None) or finish
+        source = "engine"
+        if output_tokens is None:
+            output_tokens = stats.num_generation_tokens
+    elif times is not None and rid in times.arrival:
+        arrival = Clock.from_wall(times.arrival[rid]) or arrival
+        first = clock.from_monotonic(times.first.get(rid))
+        finish = clock.from_monotonic(times.finish.get(rid)) or finish
+        source = "engine_steps"
+    choices = output.outputs or []
+    if output_tokens is None:
+        output_tokens = sum(len(c.token_ids) for c in choices)
+    record = RequestRecord(
+        provider=PROVIDER, model=model, operation=operation,
+        arrival_ns=arrival, finish_ns=max(finish, arrival), first_token_ns=first,
+        scheduled_ns=scheduled, request_id=rid,
+        prompt_tokens=len(output.prompt_token_ids) if output.prompt_token_ids is not None else None,
+        output_tokens=output_tokens,
+        cached_tokens=getattr(output, "num_cached_tokens", None),
+        finish_reasons=tuple(r for c in choices if (r := normalize_finish_reason(c.finish_reason))),
+        timing_source=source,
+    )
+    if capture:
+        record.prompt_text = output.prompt
+        record.completion_texts = tuple(c.text for c in choices)
+    return record
+
+
+# --- offline: LLM.generate / LLM.chat -------------------------------------------------------
+
+def offline_wrapper(telemetry: Telemetry, operation: str) -> Wrapper:
+    """One parent span per call, one child per request with the engine's own timeline."""
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+        if not should_observe():
+            return wrapped(*args, **kwargs)
+        model = model_name(instance)
+        prompts = args[0] if args else kwargs.get("prompts", kwargs.get("messages"))
+        size = _batch_size(prompts, operation)
+        params = args[1] if len(args) > 1 else kwargs.get("sampling_params")
+        clock = Clock()
+        start_ns = clock.now_ns()
+        stats_on = bool(getattr(getattr(instance, "llm_engine", None), "log_stats", False))
+        times = None if stats_on else StepTimes()
+        with telemetry.batch(model, operation, size) as batch_ctx:
+            ctx = batch_ctx if times is None else otel_context.set_value(_STEP_TIMES, times,
+                                                                        batch_ctx)
+            telemetry.requests_started(model, operation, size)
+            token = otel_context.attach(ctx)
+            try:
+                with observing():
+                    outputs = wrapped(*args, **kwargs)
+            except BaseException as exc:
+                otel_context.detach(token)
+                telemetry.requests_ended(model, operation, size)
+                telemetry.emit(RequestRecord(
+                    provider=PROVIDER, model=model, operation=operation, arrival_ns=start_ns,
+                    finish_ns=clock.now_ns(), error=exc, timing_source="observed"), batch_ctx)
+                raise
+            otel_context.detach(token)
+            telemetry.requests_ended(model, operation, size)
+            end_ns = clock.now_ns()
+            with telemetry.log.guard("vllm offline records"):
+                records = []
+                for i, output in enumerate(outputs):
+                    record = record_from_output(output, operation, model, clock, start_ns, end_ns,
+                                                times, telemetry.config.capture_content)
+                    _fill_sampling(record, _param(params, i))
+                    records.append(record)
+                telemetry.emit_all(records, batch_ctx)
+        return outputs
+
+    return wrapper
+
+
+def _batch_size(prompts: Any, operation: str) -> int:
+    if prompts is None or isinstance(prompts, (str, dict)):
+        return 1
+    if operation == "chat":
+        # One conversation is a list of message dicts; many are a list of such lists.
+        return len(prompts) if prompts and isinstance(prompts[0], (list, tuple)) else 1
+    try:
+        return len(prompts)
+    except TypeError:
+        return 1
+
+
+def add_request_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                        kwargs: dict[str, Any]) -> Any:
+    """``OutputProcessor.add_request``: note the engine's arrival time for stats-off calls."""
+    times: StepTimes | None = otel_context.get_value(_STEP_TIMES)  # type: ignore[assignment]
+    if times is not None:
+        request = args[0] if args else kwargs.get("request")
+        rid = getattr(request, "request_id", None)
+        if rid is not None:
+            times.arrival[rid] = getattr(request, "arrival_time", None) or time.time()
+    return wrapped(*args, **kwargs)
+
+
+def process_outputs_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                            kwargs: dict[str, Any]) -> Any:
+    """``OutputProcessor.process_outputs``: the one loop that sees every request's every step."""
+    times: StepTimes | None = otel_context.get_value(_STEP_TIMES)  # type: ignore[assignment]
+    if times is not None:
+        outputs = args[0] if args else kwargs.get("engine_core_outputs", ())
+        ts = args[1] if len(args) > 1 else kwargs.get("engine_core_timestamp")
+        now = ts if ts is not None else time.monotonic()
+        first, finish = times.first, times.finish
+        for out in outputs:
+            rid = out.request_id
+            if out.new_token_ids and rid not in first:
+                first[rid] = now
+            if out.finish_reason is not None:
+                finish[rid] = now
+    return wrapped(*args, **kwargs)
+
+
+# --- async: AsyncLLM.generate -------------------------------------------------------------------
+
+class AsyncRequest:
+    """State of one streamed request, finalized once by :class:`ObservedAsyncStream`."""
+
+    __slots__ = ("telemetry", "model", "request_id", "params", "parent", "clock", "start_ns",
+                 "first_ns", "last", "tokens", "delta")
+
+    def __init__(self, telemetry: Telemetry, model: str, request_id: str | None, params: Any,
+                 parent: Context) -> None:
+        self.telemetry = telemetry
+        self.model = model
+        self.request_id = request_id
+        self.params = params
+        self.parent = parent
+        self.clock = Clock()
+        self.start_ns = self.clock.now_ns()
+        self.first_ns: int | None = None
+        self.last: Any = None
+        self.tokens: dict[int, int] = {}
+        kind = getattr(params, "output_kind", None)
+        self.delta = getattr(kind, "name", "") == "DELTA"
+
+    def item(self, output: Any) -> None:
+        with self.telemetry.log.guard("vllm stream"):
+            self.last = output
+            for choice in output.outputs or ():
+                count = len(choice.token_ids)
+                if count and self.first_ns is None:
+                    self.first_ns = self.clock.now_ns()
+                self.tokens[choice.index] = (self.tokens.get(choice.index, 0) + count
+                                             if self.delta else count)
+
+    def finish(self, error: BaseException | None) -> None:
+        telemetry = self.telemetry
+        telemetry.requests_ended(self.model, "text_completion")
+        with telemetry.log.guard("vllm stream"):
+            now = self.clock.now_ns()
+            if self.last is not None:
+                record = record_from_output(
+                    self.last, "text_completion", self.model, self.clock, self.start_ns, now, None,
+                    telemetry.config.capture_content and not self.delta,
+                    output_tokens=sum(self.tokens.values()))
+                if record.timing_source == "observed":
+                    record.first_token_ns = self.first_ns
+            else:
+                record = RequestRecord(provider=PROVIDER, model=self.model,
+                                       operation="text_completion", arrival_ns=self.start_ns,
+                                       finish_ns=now, request_id=self.request_id,
+                                       timing_source="observed")
+            if error is not None:
+                record.error = error
+                if record.timing_source == "engine" and self.last is not None and not self.last.finished:
+                    record.finish_ns = max(record.arrival_ns, now)
+            _fill_sampling(record, self.params)
+            telemetry.emit(record, self.parent)
+
+
+def async_generate_wrapper(telemetry: Telemetry) -> Wrapper:
+    """One span per streamed request, in the caller's context, ended when the stream ends."""
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+        if not should_observe():
+            return wrapped(*args, **kwargs)
+        if kwargs.get("trace_headers") is None and _tracing_enabled(instance):
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)
+            kwargs = {**kwargs, "trace_headers": carrier}
+        stream = wrapped(*args, **kwargs)
+        model = model_name(instance)
+        params = args[1] if len(args) > 1 else kwargs.get("sampling_params")
+        request_id = args[2] if len(args) > 2 else kwargs.get("request_id")
+        observer = AsyncRequest(telemetry, model, request_id, params, otel_context.get_current())
+        telemetry.requests_started(model, "text_completion")
+        return ObservedAsyncStream(stream, observer)
+
+    return wrapper
+
+
+def _tracing_enabled(engine: Any) -> bool:
+    """Inject only where vLLM would use the headers; elsewhere it logs that tracing is off."""
+    config = getattr(engine, "observability_config", None)
+    return bool(getattr(config, "otlp_traces_endpoint", None))
