@@ -7,9 +7,12 @@ SGLang's CPU engine (``SGLANG_USE_CPU_ENGINE=1``) imports a few CPU ops from the
 ``assign_req_to_token_pool_cpu`` (called from ``sglang/srt/mem_cache/allocation.py``).
 
 This package provides that single op in pure torch, so the *real* SGLang engine can run in
-tests on CPU-only machines. Every other attribute -- here or in the submodules that SGLang
-imports -- raises ``NotImplementedError`` naming the op, so that a new dependency of SGLang on
-this binary is loud instead of silently wrong.
+tests on CPU-only machines. SGLang also imports other CPU ops by name at module level (e.g.
+``copy_all_layer_kv_cache_cpu`` in ``sglang/kernels/ops/kvcache/cache_move.py``) without calling
+them in a plain generate, so every other name -- here or in a submodule -- resolves to a stub
+that raises ``NotImplementedError`` naming the op as soon as it is *called*: a new dependency of
+SGLang on this binary is loud instead of silently wrong. Submodules SGLang may probe with
+``try: import ... except ImportError`` (e.g. ``sgl_kernel.scalar_type``) are deliberately absent.
 
 Use it only by putting ``tests/support/sgl_kernel_standin`` on ``PYTHONPATH`` of a test process
 (and of the engine's child processes, which inherit the environment). Never ship or install it.
@@ -64,13 +67,37 @@ def assign_req_to_token_pool_cpu(
 def _missing(module: str, name: str) -> NotImplementedError:
     return NotImplementedError(
         f"{module}.{name} is not provided by the otel_rollout test stand-in for sgl_kernel "
-        f"(tests/support/sgl_kernel_standin). SGLang now needs the CPU op '{name}': implement it "
+        f"(tests/support/sgl_kernel_standin). SGLang now calls the CPU op '{name}': implement it "
         "in the stand-in or avoid the code path that needs it."
     )
 
 
-def __getattr__(name: str):
-    # Let Python's own protocol probes (copy, pickle, inspect, ...) fail the normal way.
-    if name.startswith("__") and name.endswith("__"):
-        raise AttributeError(name)
-    raise _missing(__name__, name)
+def make_stub(module: str, name: str):
+    """A callable standing for a CPU op this stand-in does not implement."""
+
+    def stub(*args, **kwargs):
+        raise _missing(module, name)
+
+    stub.__name__ = stub.__qualname__ = name
+    stub.__module__ = module
+    stub.__doc__ = f"Test stand-in stub: calling it raises NotImplementedError ({module}.{name})."
+    stub.IS_TEST_STANDIN_STUB = True
+    return stub
+
+
+def module_getattr(module_globals: dict):
+    """Build a module-level ``__getattr__`` that hands out (and caches) stubs for any op name."""
+    module = module_globals["__name__"]
+
+    def __getattr__(name: str):
+        # Let Python's own protocol probes (copy, pickle, inspect, ...) fail the normal way.
+        if name.startswith("_"):
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        stub = make_stub(module, name)
+        module_globals[name] = stub
+        return stub
+
+    return __getattr__
+
+
+__getattr__ = module_getattr(globals())
