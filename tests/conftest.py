@@ -1,0 +1,139 @@
+"""Fixtures shared by every test: in-memory OTel pipeline, a real OTLP receiver, the tiny model.
+
+The OTel API allows one global tracer/meter provider per process, so they are installed once per
+session; each test starts from an empty span exporter and a fresh (delta) metric collection.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tests.support.otlp_receiver import OTLPReceiver
+
+REPO = Path(__file__).resolve().parent.parent
+
+_DELTA = {kind: AggregationTemporality.DELTA for kind in (
+    __import__("opentelemetry.sdk.metrics", fromlist=["Histogram"]).Histogram,
+    __import__("opentelemetry.sdk.metrics", fromlist=["Counter"]).Counter,
+    __import__("opentelemetry.sdk.metrics", fromlist=["UpDownCounter"]).UpDownCounter,
+)}
+
+
+class OTelHarness:
+    """The session's global providers, seen per test."""
+
+    def __init__(self) -> None:
+        self.spans = InMemorySpanExporter()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.reader])
+
+    def reset(self) -> None:
+        self.spans.clear()
+        self._baseline = self._points()
+
+    def finished_spans(self) -> list[Any]:
+        return list(self.spans.get_finished_spans())
+
+    def _points(self) -> dict[tuple[str, frozenset[Any]], Any]:
+        data = self.reader.get_metrics_data()
+        out: dict[tuple[str, frozenset[Any]], Any] = {}
+        if data is None:
+            return out
+        for rm in data.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    for p in m.data.data_points:
+                        out[(m.name, frozenset(p.attributes.items()))] = p
+        return out
+
+    def metric_points(self, name: str) -> list[Any]:
+        """This test's points of ``name`` (cumulative points minus the test's starting point)."""
+        result = []
+        for (metric, attrs), point in self._points().items():
+            if metric != name:
+                continue
+            base = self._baseline.get((metric, attrs))
+            result.append(_Delta(point, base))
+        return [p for p in result if p.count or p.value]
+
+
+class _Delta:
+    """A cumulative point seen relative to where it stood when the test began."""
+
+    def __init__(self, point: Any, base: Any) -> None:
+        self.point = point
+        self.attributes = dict(point.attributes)
+        if hasattr(point, "count"):
+            self.count = point.count - (base.count if base else 0)
+            self.sum = point.sum - (base.sum if base else 0)
+            self.bucket_counts = [a - (b if base else 0) for a, b in zip(
+                point.bucket_counts, base.bucket_counts if base else [0] * len(point.bucket_counts))]
+            self.value = None
+        else:
+            self.count = 0
+            self.value = point.value - (base.value if base else 0)
+        self.exemplars = list(getattr(point, "exemplars", []) or [])
+
+
+_HARNESS: OTelHarness | None = None
+
+
+@pytest.fixture(scope="session")
+def otel_session() -> OTelHarness:
+    global _HARNESS
+    if _HARNESS is None:
+        _HARNESS = OTelHarness()
+        trace.set_tracer_provider(_HARNESS.tracer_provider)
+        metrics.set_meter_provider(_HARNESS.meter_provider)
+    return _HARNESS
+
+
+@pytest.fixture
+def otel(otel_session: OTelHarness) -> OTelHarness:
+    otel_session.reset()
+    return otel_session
+
+
+@pytest.fixture
+def otlp_receiver() -> Iterator[OTLPReceiver]:
+    receiver = OTLPReceiver().start()
+    yield receiver
+    receiver.stop()
+
+
+def _engine_required(name: str) -> bool:
+    return name in os.environ.get("OTEL_ROLLOUT_REQUIRE_ENGINES", "").split(",")
+
+
+def require_module(name: str) -> Any:
+    """Import an engine; skip when absent unless the test runner said it must be present."""
+    if _engine_required(name):
+        return __import__(name)
+    return pytest.importorskip(name)
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> str:
+    """Path of the locally built random-weights Llama (built once, cached across runs)."""
+    path = os.environ.get("OTEL_ROLLOUT_TINY_MODEL")
+    if path and Path(path, ".complete").exists():
+        return path
+    import sys
+
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py")],
+                         check=True, capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[-1]

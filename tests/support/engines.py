@@ -1,0 +1,28 @@
+"""Real engines on CPU with the tiny local model, at the fastest settings these machines allow."""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1",
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+VLLM_KWARGS: dict[str, Any] = dict(distributed_executor_backend="uni", enforce_eager=True,
+                                   dtype="bfloat16", max_model_len=2048)
+
+
+def vllm_environment() -> None:
+    for key, value in VLLM_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def long_tail_lengths(n: int, seed: int = 0, low: int = 8, high: int = 256) -> list[int]:
+    """Requested response lengths like RL rollouts: most short, a few near the maximum."""
+    rng = random.Random(seed)
+    lengths = []
+    for _ in range(n):
+        x = rng.paretovariate(1.2)  # heavy tail, x >= 1
+        lengths.append(min(high, int(low * x)))
+    lengths[-1] = high  # at least one straggler at the cap
+    return lengths
