@@ -1,0 +1,243 @@
+"""Structural checks of the OpenTelemetry Collector configs in collector/.
+
+No collector binary can run here, so each config is checked against the component list of the
+pinned otelcol-contrib release (tests/data/otelcol-contrib-<version>-components.yaml) and for
+the properties the rollout pipeline depends on (sampling policies, exemplars, trace-id routing).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+KINDS = ("receivers", "processors", "exporters", "connectors", "extensions")
+SUFFIX = {"receivers": "receiver", "processors": "processor", "exporters": "exporter",
+          "connectors": "connector", "extensions": "extension"}
+# Config type names that are not simply the module name minus its kind suffix.
+IRREGULAR = {
+    "memorylimiterprocessor": "memory_limiter",
+    "tailsamplingprocessor": "tail_sampling",
+    "probabilisticsamplerprocessor": "probabilistic_sampler",
+    "healthcheckextension": "health_check",
+    "filestorage": "file_storage",
+    "dbstorage": "db_storage",
+}
+CONFIGS = ["collector/otelcol.yaml", "collector/multinode/agent.yaml", "collector/multinode/gateway.yaml"]
+ENV_REF = re.compile(r"^\$\{env:(?P<name>\w+)(?::-(?P<default>[^}]*))?\}$")
+
+
+def _env_pins(repo: Path) -> dict[str, str]:
+    pins = {}
+    for line in (repo / ".env").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            k, _, v = line.partition("=")
+            pins[k.strip()] = v.strip()
+    return pins
+
+
+@pytest.fixture(scope="module")
+def contrib_components(repo_root: Path) -> dict[str, set[str]]:
+    version = _env_pins(repo_root)["OTELCOL_CONTRIB_VERSION"]
+    path = repo_root / "tests" / "data" / f"otelcol-contrib-{version}-components.yaml"
+    assert path.exists(), f"no component list for the pinned otelcol-contrib {version}: {path}"
+    data = yaml.safe_load(path.read_text())
+    assert str(data["version"]) == version
+    out: dict[str, set[str]] = {}
+    for kind in KINDS:
+        names = set()
+        for module in data[kind]:
+            names.add(IRREGULAR.get(module, module.removesuffix(SUFFIX[kind])))
+        out[kind] = names
+    return out
+
+
+def _load(repo: Path, rel: str) -> dict:
+    return yaml.safe_load((repo / rel).read_text())
+
+
+def _type(component_id: str) -> str:
+    return component_id.split("/", 1)[0]
+
+
+def _env_default(value: object) -> str:
+    """The value a `${env:X:-default}` reference takes when X is unset (or the plain value)."""
+    m = ENV_REF.match(str(value))
+    if m:
+        assert m.group("default") is not None, f"{value} has no default"
+        return m.group("default")
+    return str(value)
+
+
+def _seconds(duration: str) -> float:
+    total = 0.0
+    for num, unit in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", duration):
+        total += float(num) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+    return total
+
+
+@pytest.mark.parametrize("rel", CONFIGS)
+def test_components_exist_in_pinned_contrib(repo_root: Path, contrib_components: dict[str, set[str]], rel: str) -> None:
+    cfg = _load(repo_root, rel)
+    for kind in KINDS:
+        for cid in (cfg.get(kind) or {}):
+            assert _type(cid) in contrib_components[kind], (
+                f"{rel}: {kind[:-1]} {cid!r} is not in otelcol-contrib's component list")
+
+
+@pytest.mark.parametrize("rel", CONFIGS)
+def test_pipelines_reference_defined_components_and_all_are_used(repo_root: Path, rel: str) -> None:
+    cfg = _load(repo_root, rel)
+    service = cfg["service"]
+    defined = {kind: set(cfg.get(kind) or {}) for kind in KINDS}
+    used = {kind: set() for kind in KINDS}
+    connectors_as_exporter: set[str] = set()
+    connectors_as_receiver: set[str] = set()
+    pipelines = service["pipelines"]
+    assert pipelines, f"{rel}: no pipelines"
+    for name, p in pipelines.items():
+        assert _type(name) in ("traces", "metrics", "logs"), f"{rel}: pipeline {name!r} has no signal type"
+        assert p.get("receivers") and p.get("exporters"), f"{rel}: pipeline {name} lacks receivers or exporters"
+        for r in p["receivers"]:
+            if r in defined["connectors"]:
+                connectors_as_receiver.add(r)
+                used["connectors"].add(r)
+            else:
+                assert r in defined["receivers"], f"{rel}: pipeline {name} uses undefined receiver {r!r}"
+                used["receivers"].add(r)
+        for proc in p.get("processors") or []:
+            assert proc in defined["processors"], f"{rel}: pipeline {name} uses undefined processor {proc!r}"
+            used["processors"].add(proc)
+        for e in p["exporters"]:
+            if e in defined["connectors"]:
+                connectors_as_exporter.add(e)
+                used["connectors"].add(e)
+            else:
+                assert e in defined["exporters"], f"{rel}: pipeline {name} uses undefined exporter {e!r}"
+                used["exporters"].add(e)
+    for ext in service.get("extensions") or []:
+        assert ext in defined["extensions"], f"{rel}: service uses undefined extension {ext!r}"
+        used["extensions"].add(ext)
+    for kind in KINDS:
+        unused = defined[kind] - used[kind]
+        assert not unused, f"{rel}: {kind} defined but never used: {sorted(unused)}"
+    assert connectors_as_exporter == connectors_as_receiver == defined["connectors"], (
+        f"{rel}: every connector must be an exporter of one pipeline and a receiver of another")
+
+
+@pytest.mark.parametrize("rel", CONFIGS)
+def test_memory_limiter_first_and_batch_everywhere(repo_root: Path, rel: str) -> None:
+    cfg = _load(repo_root, rel)
+    connectors = set(cfg.get("connectors") or {})
+    for name, p in cfg["service"]["pipelines"].items():
+        procs = p.get("processors") or []
+        assert procs and _type(procs[0]) == "memory_limiter", f"{rel}: pipeline {name} must start with memory_limiter"
+        if any(e not in connectors for e in p["exporters"]):
+            assert any(_type(x) == "batch" for x in procs), f"{rel}: pipeline {name} exports without batch"
+            if "tail_sampling" in procs:
+                assert procs.index("tail_sampling") < procs.index("batch"), f"{rel}: batch after sampling"
+
+
+@pytest.mark.parametrize("rel", CONFIGS)
+def test_header_comment(repo_root: Path, rel: str) -> None:
+    assert (repo_root / rel).read_text().startswith("#"), f"{rel} must open with a header comment"
+
+
+def test_otlp_receiver_grpc_and_http(repo_root: Path) -> None:
+    for rel in ("collector/otelcol.yaml", "collector/multinode/agent.yaml"):
+        protocols = _load(repo_root, rel)["receivers"]["otlp"]["protocols"]
+        assert {"grpc", "http"} <= set(protocols), rel
+        assert protocols["grpc"]["endpoint"].endswith(":4317") and protocols["http"]["endpoint"].endswith(":4318")
+
+
+def _tail_sampling(repo: Path, rel: str) -> dict:
+    return _load(repo, rel)["processors"]["tail_sampling"]
+
+
+def test_tail_sampling_policies(repo_root: Path) -> None:
+    ts = _tail_sampling(repo_root, "collector/otelcol.yaml")
+    # decision_wait: sized for steps that run for minutes.
+    assert _seconds(_env_default(ts["decision_wait"])) >= 300
+    policies = {p["type"]: p for p in ts["policies"]}
+
+    latency = policies["latency"]["latency"]["threshold_ms"]
+    m = ENV_REF.match(str(latency))
+    assert m and m.group("name") == "ROLLOUT_SLOW_REQUEST_MS" and int(m.group("default")) > 0
+
+    assert policies["status_code"]["status_code"]["status_codes"] == ["ERROR"]
+
+    prob = policies["probabilistic"]["probabilistic"]["sampling_percentage"]
+    assert 0 < float(_env_default(prob)) < 100
+
+    cond = policies["ottl_condition"]["ottl_condition"]["span"]
+    assert len(cond) == 1
+    m = re.fullmatch(r'IsMatch\(attributes\["gen_ai\.response\.finish_reasons"\], "(?P<lit>(?:[^"\\]|\\.)*)"\)', cond[0])
+    assert m, f"unexpected truncation condition {cond[0]!r}"
+    # OTTL string literal -> regex; the collector turns "$$" into "$" before OTTL sees it.
+    pattern = re.compile(m.group("lit").replace('\\"', '"').replace("$$", "$"))
+    # IsMatch JSON-encodes a string-array attribute (pcommon.Slice), and sees a plain string as is.
+    for value, kept in ((["length"], True), (["stop", "length"], True), (["stop"], False),
+                        (["lengthy"], False), ("length", True), ("stop", False)):
+        text = json.dumps(value, separators=(",", ":")) if isinstance(value, list) else value
+        assert bool(pattern.search(text)) is kept, (value, pattern.pattern)
+
+
+def test_gateway_samples_exactly_like_single_node(repo_root: Path) -> None:
+    assert _tail_sampling(repo_root, "collector/otelcol.yaml") == _tail_sampling(
+        repo_root, "collector/multinode/gateway.yaml")
+
+
+def test_header_explains_decision_wait(repo_root: Path) -> None:
+    header = "".join(line for line in (repo_root / "collector/otelcol.yaml").read_text().splitlines(True)
+                     if line.startswith("#"))
+    assert "decision_wait" in header and "memory" in header and "minutes" in header
+
+
+def _pipelines_with(cfg: dict, component: str, role: str) -> list[str]:
+    return [n for n, p in cfg["service"]["pipelines"].items() if component in (p.get(role) or [])]
+
+
+def test_spanmetrics_before_sampling_with_exemplars(repo_root: Path) -> None:
+    for rel in ("collector/otelcol.yaml", "collector/multinode/agent.yaml"):
+        cfg = _load(repo_root, rel)
+        sm = cfg["connectors"]["spanmetrics"]
+        assert sm["exemplars"]["enabled"] is True
+        for name in _pipelines_with(cfg, "spanmetrics", "exporters"):
+            p = cfg["service"]["pipelines"][name]
+            assert "tail_sampling" not in (p.get("processors") or []), f"{rel}: span metrics after sampling"
+            assert p["receivers"] == ["otlp"], f"{rel}: span metrics must see every span received"
+
+
+def test_metrics_to_prometheus_with_exemplars(repo_root: Path) -> None:
+    for rel in ("collector/otelcol.yaml", "collector/multinode/agent.yaml"):
+        cfg = _load(repo_root, rel)
+        prom = cfg["exporters"]["prometheus"]
+        assert prom["enable_open_metrics"] is True, f"{rel}: exemplars need OpenMetrics"
+        assert prom["endpoint"].endswith(":8889")
+        assert _pipelines_with(cfg, "prometheus", "exporters"), rel
+
+
+def test_traces_to_tempo(repo_root: Path) -> None:
+    for rel in ("collector/otelcol.yaml", "collector/multinode/gateway.yaml"):
+        cfg = _load(repo_root, rel)
+        exp = cfg["exporters"]["otlp/tempo"]
+        assert "tempo:4317" in _env_default(exp["endpoint"])
+        names = _pipelines_with(cfg, "otlp/tempo", "exporters")
+        assert names and all("tail_sampling" in cfg["service"]["pipelines"][n]["processors"] for n in names)
+
+
+def test_agent_routes_by_trace_id_and_does_not_sample(repo_root: Path) -> None:
+    cfg = _load(repo_root, "collector/multinode/agent.yaml")
+    lb = cfg["exporters"]["loadbalancing"]
+    assert lb["routing_key"] == "traceID"
+    assert "otlp" in lb["protocol"] and "endpoint" not in lb["protocol"]["otlp"]
+    assert lb["resolver"]["dns"]["hostname"]
+    assert "tail_sampling" not in (cfg.get("processors") or {})
+    traces = _pipelines_with(cfg, "loadbalancing", "exporters")
+    assert traces and all(_type(n) == "traces" for n in traces)
+    gw = _load(repo_root, "collector/multinode/gateway.yaml")
+    assert gw["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].endswith(":4317")

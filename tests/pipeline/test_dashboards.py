@@ -1,0 +1,132 @@
+"""Grafana: the committed dashboards are exactly what grafana/dashboards_src produces, their
+queries are well formed (TraceQL parsed by Grafana's own grammar under node), and the
+provisioned datasources link to each other by uid."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+from pipeline_tools import parse_traceql
+from promql import _panels, all_promql_expressions, all_traceql_queries
+
+PROM_UID = "rollout-prometheus"
+TEMPO_UID = "rollout-tempo"
+
+
+def _load_builder(repo: Path) -> ModuleType:
+    path = repo / "grafana" / "dashboards_src" / "build_dashboards.py"
+    spec = importlib.util.spec_from_file_location("otel_rollout_build_dashboards", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def dashboards(repo_root: Path) -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text()) for p in sorted((repo_root / "grafana/dashboards").glob("*.json"))}
+
+
+@pytest.fixture(scope="module")
+def datasources(repo_root: Path) -> dict[str, dict]:
+    doc = yaml.safe_load((repo_root / "grafana/provisioning/datasources/datasources.yaml").read_text())
+    return {ds["uid"]: ds for ds in doc["datasources"]}
+
+
+def test_committed_json_is_exactly_what_the_code_produces(repo_root: Path) -> None:
+    rendered = _load_builder(repo_root).render()
+    committed = {p.name: p.read_text() for p in (repo_root / "grafana/dashboards").glob("*.json")}
+    assert set(committed) == set(rendered), "grafana/dashboards/ holds files the builder does not produce"
+    for name, text in rendered.items():
+        assert committed[name] == text, (
+            f"grafana/dashboards/{name} is stale: run python grafana/dashboards_src/build_dashboards.py")
+
+
+def test_foundation_sdk_is_the_pinned_build() -> None:
+    from importlib.metadata import version
+
+    assert version("grafana-foundation-sdk") == "1769699379!11.6.0"
+
+
+def test_every_target_has_ref_id_and_known_datasource(dashboards: dict[str, dict], datasources: dict[str, dict]) -> None:
+    for name, dash in dashboards.items():
+        for panel in _panels(dash["panels"]):
+            if panel["type"] == "row":
+                continue
+            targets = panel.get("targets") or []
+            assert targets, f"{name}: panel {panel.get('title')!r} has no query"
+            ref_ids = [t.get("refId") for t in targets]
+            assert all(ref_ids) and len(set(ref_ids)) == len(ref_ids), f"{name}: {panel['title']!r} refIds {ref_ids}"
+            for obj in (panel, *targets):
+                ds = obj.get("datasource")
+                if ds:
+                    assert ds["uid"] in datasources and datasources[ds["uid"]]["type"] == ds["type"], (
+                        f"{name}: {panel['title']!r} uses unknown datasource {ds}")
+        for v in dash["templating"]["list"]:
+            if v.get("datasource"):
+                assert v["datasource"]["uid"] in datasources
+
+
+def test_long_tail_dashboard_content(dashboards: dict[str, dict]) -> None:
+    dash = dashboards["rollout-long-tail.json"]
+    assert dash["title"] == "Rollout long tail" and dash["uid"] == "rollout-long-tail"
+    assert {"model", "provider", "service", "replica"} <= {v["name"] for v in dash["templating"]["list"]}
+    panels = [p for p in _panels(dash["panels"]) if p["type"] != "row"]
+    heatmaps = [p for p in panels if p["type"] == "heatmap"]
+    assert len(heatmaps) >= 2 and all(t.get("exemplar") is True for p in heatmaps for t in p["targets"])
+    exprs = " ".join(t.get("expr", "") for p in panels for t in p["targets"])
+    for metric in ("gen_ai_server_request_duration_seconds_bucket", "gen_ai_client_token_usage_bucket",
+                   "rollout_step_tail_duration_seconds", "rollout_step_straggler_ratio", "rollout_step_tail_requests",
+                   "rollout_step_idle_capacity_seconds", "rollout_requests_active",
+                   "rollout_engine_idle_time_seconds_total", "rollout_engine_busy_time_seconds_total",
+                   "rollout_finish_reason", 'rollout_finish_reason="length"'):
+        assert metric in exprs, f"dashboard never queries {metric}"
+    for q in ("0.5", "0.9", "0.99"):
+        assert f"histogram_quantile({q}," in exprs
+    tempo_tables = [p for p in panels if p["type"] == "table" and p["datasource"]["uid"] == TEMPO_UID]
+    assert tempo_tables and all(t["queryType"] == "traceql" for p in tempo_tables for t in p["targets"])
+    assert any("duration >" in t["query"] for p in tempo_tables for t in p["targets"])
+
+
+def test_traceql_queries_parse_with_grafana_grammar(repo_root: Path) -> None:
+    queries = all_traceql_queries(repo_root)
+    assert queries
+    # The parser must also reject a broken query, or "no error node" proves nothing.
+    control = "{ span.gen_ai.provider.name != && duration > }"
+    results = parse_traceql([q for _, q in queries] + [control])
+    assert results[-1]["ok"] is False, "the TraceQL parser accepted a broken control query"
+    bad = [(src, r) for (src, _), r in zip(queries, results[:-1]) if not r["ok"]]
+    assert not bad, f"TraceQL that Grafana's grammar rejects: {bad}"
+
+
+def test_promql_placeholders_all_substituted(repo_root: Path) -> None:
+    exprs = all_promql_expressions(repo_root)
+    assert exprs and all("$" not in e for _, e in exprs)
+
+
+def test_datasources_link_to_each_other(datasources: dict[str, dict], repo_root: Path) -> None:
+    assert (repo_root / "grafana/provisioning/datasources/datasources.yaml").read_text().startswith("#")
+    prom, tempo = datasources[PROM_UID], datasources[TEMPO_UID]
+    assert prom["type"] == "prometheus" and tempo["type"] == "tempo"
+    dest = prom["jsonData"]["exemplarTraceIdDestinations"]
+    assert any(d["datasourceUid"] == TEMPO_UID and d["name"] == "trace_id" for d in dest)
+    tj = tempo["jsonData"]
+    assert tj["tracesToMetrics"]["datasourceUid"] == PROM_UID and tj["tracesToMetrics"]["queries"]
+    assert tj["serviceMap"]["datasourceUid"] == PROM_UID
+    assert tj["search"]["hide"] is False
+    assert prom["url"] == "http://prometheus:9090" and tempo["url"] == "http://tempo:3200"
+
+
+def test_dashboard_provider_matches_compose_mount(repo_root: Path) -> None:
+    text = (repo_root / "grafana/provisioning/dashboards/dashboards.yaml").read_text()
+    assert text.startswith("#")
+    provider = yaml.safe_load(text)["providers"][0]
+    compose = yaml.safe_load((repo_root / "compose.yaml").read_text())
+    mounts = compose["services"]["grafana"]["volumes"]
+    assert f"./grafana/dashboards:{provider['options']['path']}:ro" in mounts
