@@ -53,9 +53,11 @@ class StepTimes:
     context and is dropped with it, so nothing is left behind between calls.
     """
 
-    __slots__ = ("arrival", "first", "finish")
+    __slots__ = ("external", "arrival", "first", "finish")
 
     def __init__(self) -> None:
+        # The engine core knows requests by an internal id (the caller's id plus a suffix).
+        self.external: dict[str, str] = {}
         self.arrival: dict[str, float] = {}
         self.first: dict[str, float] = {}
         self.finish: dict[str, float] = {}
@@ -192,7 +194,9 @@ def add_request_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[
         request = args[0] if args else kwargs.get("request")
         rid = getattr(request, "request_id", None)
         if rid is not None:
-            times.arrival[rid] = getattr(request, "arrival_time", None) or time.time()
+            external = getattr(request, "external_req_id", None) or rid
+            times.external[rid] = external
+            times.arrival.setdefault(external, getattr(request, "arrival_time", None) or time.time())
     return wrapped(*args, **kwargs)
 
 
@@ -204,9 +208,11 @@ def process_outputs_wrapper(wrapped: Callable[..., Any], instance: Any, args: tu
         outputs = args[0] if args else kwargs.get("engine_core_outputs", ())
         ts = args[1] if len(args) > 1 else kwargs.get("engine_core_timestamp")
         now = ts if ts is not None else time.monotonic()
-        first, finish = times.first, times.finish
+        first, finish, external = times.first, times.finish, times.external
         for out in outputs:
-            rid = out.request_id
+            rid = external.get(out.request_id)
+            if rid is None:
+                continue
             if out.new_token_ids and rid not in first:
                 first[rid] = now
             if out.finish_reason is not None:
