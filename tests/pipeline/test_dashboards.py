@@ -24,7 +24,11 @@ def _load_builder(repo: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location("otel_rollout_build_dashboards", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as exc:
+        pytest.fail(f"{exc}: install the pinned SDK: pip install 'grafana-foundation-sdk==1769699379!11.6.0'",
+                    pytrace=False)
     return module
 
 
@@ -49,9 +53,13 @@ def test_committed_json_is_exactly_what_the_code_produces(repo_root: Path) -> No
 
 
 def test_foundation_sdk_is_the_pinned_build() -> None:
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    assert version("grafana-foundation-sdk") == "1769699379!11.6.0"
+    try:
+        installed = version("grafana-foundation-sdk")
+    except PackageNotFoundError:
+        pytest.fail("pip install 'grafana-foundation-sdk==1769699379!11.6.0'", pytrace=False)
+    assert installed == "1769699379!11.6.0", "a plain install picks the Grafana 10.1 build; pin the epoch"
 
 
 def test_every_target_has_ref_id_and_known_datasource(dashboards: dict[str, dict], datasources: dict[str, dict]) -> None:
