@@ -1,0 +1,104 @@
+"""Rollout actors in a real local Ray cluster: request spans land under the driver's step span.
+
+Each case starts its own cluster (``ray.init(num_cpus=2)``), two actors each with a real vLLM
+engine on the tiny model, and a real OTLP gRPC receiver the actors export to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from otel_rollout import rollout_step
+from otel_rollout.ray import SETUP_HOOK, inject_context, runtime_env
+from tests.conftest import OTelHarness
+from tests.support.engines import VLLM_ENV, VLLM_KWARGS, long_tail_lengths
+from tests.support.otlp_receiver import OTLPReceiver, attr
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture
+def ray_module(vllm_module: Any) -> Iterator[Any]:
+    ray = pytest.importorskip("ray")
+    yield ray
+    ray.shutdown()
+
+
+def run_step(ray: Any, otel: OTelHarness, tiny_model: str, step: int) -> tuple[Any, list[int]]:
+    from tests.steps.ray_actors import RolloutActor
+
+    remote = ray.remote(num_cpus=1)(RolloutActor)
+    actors = [remote.remote(tiny_model, VLLM_KWARGS) for _ in range(2)]
+    infos = ray.get([a.describe.remote() for a in actors], timeout=180)
+    assert len({i["pid"] for i in infos}) == 2
+    assert all(i["instrumented"] and i["tracer_provider"] == "TracerProvider" for i in infos), infos
+    lengths = long_tail_lengths(8, seed=step, high=96)
+    with rollout_step(step):
+        carrier = inject_context()
+        counts = ray.get([a.generate.remote(lengths, f"actor{k}", otel_context=carrier)
+                          for k, a in enumerate(actors)], timeout=120)
+    assert all(ray.get([a.flush.remote() for a in actors], timeout=60))
+    (step_span,) = [s for s in otel.finished_spans() if s.name == "rollout.step"]
+    assert counts == [lengths, lengths]
+    return step_span, lengths
+
+
+def assert_one_trace(receiver: OTLPReceiver, step_span: Any, lengths: list[int], step: int,
+                     service: str | None) -> None:
+    def request_spans(r: OTLPReceiver) -> list[Any]:
+        return [s for s in r.spans() if s.name.startswith("text_completion")]
+
+    assert receiver.wait_for(lambda r: len(request_spans(r)) >= 2 * len(lengths), timeout=30)
+    spans = receiver.spans()
+    trace_id = step_span.context.trace_id.to_bytes(16, "big")
+    step_id = step_span.context.span_id.to_bytes(8, "big")
+    batches = [s for s in spans if s.name == "rollout.batch"]
+    requests = request_spans(receiver)
+    assert len(batches) == 2 and len(requests) == 2 * len(lengths)
+    # One trace: the driver's step span is the batch spans' parent in both actors ...
+    # (vLLM's own start-up spans, e.g. "Load weights", are traces of their own and not counted.)
+    assert {s.trace_id for s in batches + requests} == {trace_id}
+    assert all(b.parent_span_id == step_id for b in batches)
+    # ... and every request span is a child of one of those batch spans.
+    assert {r.parent_span_id for r in requests} == {b.span_id for b in batches}
+    assert all(attr(r.attributes, "rollout.step") == step for r in requests)
+    assert sorted(attr(r.attributes, "gen_ai.usage.output_tokens") for r in requests) == sorted(
+        lengths * 2)
+    resources = [rs.resource for req in receiver.trace_requests for rs in req.resource_spans]
+    assert len({attr(res.attributes, "process.pid") for res in resources}) == 2  # two actors
+    if service is not None:
+        assert {attr(res.attributes, "service.name") for res in resources} == {service}
+
+
+def test_runtime_env_configures_actors(ray_module: Any, otel: OTelHarness, tiny_model: str,
+                                       otlp_receiver: OTLPReceiver,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings reach the workers only through runtime_env: the driver's environment is cleaned
+    of them before the cluster starts, as on a multi-node cluster where nothing is inherited."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_receiver.grpc_endpoint)
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "rollout-actor")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
+    env = runtime_env({"env_vars": dict(VLLM_ENV)})
+    assert env["env_vars"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == otlp_receiver.grpc_endpoint
+    assert env["worker_process_setup_hook"] == SETUP_HOOK
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME", "OTEL_BSP_SCHEDULE_DELAY"):
+        monkeypatch.delenv(name)
+    ray_module.init(num_cpus=2, include_dashboard=False, runtime_env=env)
+    step_span, lengths = run_step(ray_module, otel, tiny_model, step=21)
+    assert_one_trace(otlp_receiver, step_span, lengths, 21, service="rollout-actor")
+
+
+def test_inherited_environment_configures_actors(ray_module: Any, otel: OTelHarness,
+                                                 tiny_model: str, otlp_receiver: OTLPReceiver,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local cluster: workers inherit the driver's OTEL_* environment; only the hook is passed."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_receiver.grpc_endpoint)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
+    env = runtime_env(environ={})
+    assert env == {"env_vars": {}, "worker_process_setup_hook": SETUP_HOOK}
+    ray_module.init(num_cpus=2, include_dashboard=False, runtime_env=env)
+    step_span, lengths = run_step(ray_module, otel, tiny_model, step=22)
+    assert_one_trace(otlp_receiver, step_span, lengths, 22, service=None)
