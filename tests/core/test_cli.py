@@ -1,0 +1,54 @@
+"""``otel-rollout check`` as a launcher would run it: a subprocess and its exit status."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from otel_rollout.config import CAPTURE_CONTENT_ENV
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("OTEL_ROLLOUT_") and k != CAPTURE_CONTENT_ENV}
+    env.update(extra)
+    return env
+
+
+def _commands() -> list[list[str]]:
+    commands = [[sys.executable, "-m", "otel_rollout.cli", "check"]]
+    script = Path(sys.executable).with_name("otel-rollout")
+    if script.exists():
+        commands.append([str(script), "check"])
+    return commands
+
+
+@pytest.mark.parametrize("command", _commands(), ids=lambda c: Path(c[0]).name)
+def test_check_ok(command: list[str]) -> None:
+    result = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "configuration ok" in result.stdout
+    assert "OTEL_ROLLOUT_LATENCY_BUCKETS" in result.stdout
+    assert result.stderr.strip() == ""
+
+
+@pytest.mark.parametrize("command", _commands(), ids=lambda c: Path(c[0]).name)
+def test_check_fails_naming_the_variable(command: list[str]) -> None:
+    result = subprocess.run(command, env=_env(OTEL_ROLLOUT_TAIL_QUANTILE="1.5",
+                                              OTEL_ROLLOUT_STEP_SUMMARY="loud"),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "OTEL_ROLLOUT_TAIL_QUANTILE='1.5'" in result.stderr
+    assert "OTEL_ROLLOUT_STEP_SUMMARY='loud'" in result.stderr
+    assert "invalid configuration: OTEL_ROLLOUT_TAIL_QUANTILE, OTEL_ROLLOUT_STEP_SUMMARY" in result.stderr
+    assert "configuration ok" not in result.stdout
+
+
+def test_check_empty_value_is_ok() -> None:
+    result = subprocess.run(_commands()[0], env=_env(OTEL_ROLLOUT_LATENCY_BUCKETS=""),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
