@@ -1,0 +1,51 @@
+"""A small instrumented rollout for end-to-end tests, run as its own process.
+
+Meant to run under ``opentelemetry-instrument`` so that everything — providers, exporters, our
+instrumentor — is set up the zero-code way, from environment variables alone. It runs a few
+``rollout_step``s of a long-tailed batch on the real vLLM CPU engine, prints one JSON line per
+request (the truth the test compares telemetry against), prints ``DONE``, and then stays alive
+until its standard input closes so a scraper can read its metrics endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from opentelemetry import trace
+
+from otel_rollout import rollout_step
+from tests.support.engines import VLLM_KWARGS, long_tail_lengths, vllm_environment
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--linger", action="store_true", help="wait for stdin to close")
+    args = parser.parse_args()
+    vllm_environment()
+    import vllm
+
+    llm = vllm.LLM(model=args.model, **VLLM_KWARGS)
+    for step in range(1, args.steps + 1):
+        lengths = long_tail_lengths(args.batch, seed=step, high=160)
+        params = [vllm.SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
+        with rollout_step(step):
+            outputs = llm.generate([f"step {step} prompt {i}" for i in range(len(lengths))],
+                                   params, use_tqdm=False)
+        for out in outputs:
+            print(json.dumps({"step": step, "request_id": out.request_id,
+                              "output_tokens": len(out.outputs[0].token_ids)}), flush=True)
+    provider = trace.get_tracer_provider()
+    if hasattr(provider, "force_flush"):
+        provider.force_flush()
+    print("DONE", flush=True)
+    if args.linger:
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    main()
