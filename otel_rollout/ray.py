@@ -266,7 +266,7 @@ def setup_worker(engines: Sequence[str] | None = None) -> None:
             return
         _setup_done = True
     try:
-        _setup_sdk()
+        configure_sdk()
     except Exception:
         _logger.warning("otel_rollout: could not set up OpenTelemetry in this Ray worker; "
                         "its spans and metrics are not exported", exc_info=True)
@@ -330,7 +330,32 @@ def _metric_exporter(name: str) -> Any:
     return None
 
 
-def _setup_sdk() -> None:
+def _id_generator() -> Any:
+    """Trace and span ids from ``os.urandom``, not from the ``random`` module.
+
+    vLLM seeds Python's global ``random`` (seed 0 by default) when an engine starts; the SDK's
+    default id generator draws from it, so every actor would then produce the *same* sequence of
+    trace and span ids — colliding ids across actors and across runs.
+    """
+    from opentelemetry.sdk.trace.id_generator import IdGenerator
+
+    class UrandomIdGenerator(IdGenerator):
+        def generate_span_id(self) -> int:
+            return int.from_bytes(os.urandom(8), "big") or 1
+
+        def generate_trace_id(self) -> int:
+            return int.from_bytes(os.urandom(16), "big") or 1
+
+    return UrandomIdGenerator()
+
+
+def configure_sdk() -> None:
+    """Install SDK tracer/meter providers exporting per the ``OTEL_*`` environment, if none is set.
+
+    Step 1 of :func:`setup_worker`, usable in any process: ``opentelemetry-instrument`` only
+    configures exporters when ``opentelemetry-distro`` (or another configurator) is installed,
+    and silently exports nothing otherwise.
+    """
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
     from opentelemetry.sdk.resources import Resource
@@ -339,7 +364,7 @@ def _setup_sdk() -> None:
 
     resource = Resource.create({"process.pid": os.getpid()})
     if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        tracer_provider = TracerProvider(resource=resource)
+        tracer_provider = TracerProvider(resource=resource, id_generator=_id_generator())
         for name in _exporter_names("traces"):
             if (span_exporter := _span_exporter(name)) is not None:
                 tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
