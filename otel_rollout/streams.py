@@ -61,10 +61,12 @@ class ObservedAsyncStream(wrapt.ObjectProxy):  # type: ignore[misc]
 
     async def athrow(self, *args: Any) -> Any:
         try:
-            return await self.__wrapped__.athrow(*args)
+            item = await self.__wrapped__.athrow(*args)
         except BaseException as exc:
             self._self_finish(exc if not isinstance(exc, StopAsyncIteration) else None)
             raise
+        self._self_observer.item(item)  # the generator handled the throw and yielded on
+        return item
 
     async def aclose(self) -> None:
         try:

@@ -25,11 +25,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--linger", action="store_true", help="wait for stdin to close")
+    parser.add_argument("--engine-stats", action="store_true",
+                        help="LLM(disable_log_stats=False): exact engine timings incl. queue time")
     args = parser.parse_args()
     vllm_environment()
     import vllm
 
-    llm = vllm.LLM(model=args.model, **VLLM_KWARGS)
+    llm = vllm.LLM(model=args.model, disable_log_stats=not args.engine_stats, **VLLM_KWARGS)
     for step in range(1, args.steps + 1):
         lengths = long_tail_lengths(args.batch, seed=step, high=160)
         params = [vllm.SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
