@@ -146,6 +146,10 @@ def _render_opt(value: Any) -> str:
     return "(unset)" if value is None else str(value)
 
 
+def _render_bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
 SETTINGS: tuple[Setting[Any], ...] = (
     Setting("OTEL_ROLLOUT_LATENCY_BUCKETS", "latency_buckets", DEFAULT_LATENCY_BUCKETS, _buckets,
             "Histogram boundaries in seconds for request duration, queue time and step durations.",
@@ -162,11 +166,12 @@ SETTINGS: tuple[Setting[Any], ...] = (
     Setting("OTEL_ROLLOUT_TAIL_QUANTILE", "tail_quantile", 0.9, _quantile,
             "A step's tail starts when this share of its requests has finished."),
     Setting("OTEL_ROLLOUT_STEP_SUMMARY", "step_summary", False, _bool,
-            "Print a compact summary to stderr when each step ends."),
+            "Print a compact summary to stderr when each step ends.", _render_bool),
     Setting("OTEL_ROLLOUT_SUMMARY_STRAGGLERS", "summary_stragglers", 5, _int_range(0, 1000),
             "How many of the slowest requests (with trace ids) the step summary lists."),
     Setting("OTEL_ROLLOUT_BATCH_AS_STEP", "batch_as_step", False, _bool,
-            "Treat each offline batch call made outside any rollout_step() as a step of its own."),
+            "Treat each offline batch call made outside any rollout_step() as a step of its own.",
+            _render_bool),
     Setting("OTEL_ROLLOUT_REPORT_DIR", "report_dir", None, _path,
             "Write a PNG per step (request waterfall + response-length histogram) here; "
             "needs the [report] extra.", _render_opt),

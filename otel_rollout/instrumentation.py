@@ -13,6 +13,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
 from otel_rollout.config import load_config
+from otel_rollout.ids import protect_ids
 from otel_rollout.telemetry import Telemetry
 
 _logger = logging.getLogger(__name__)
@@ -23,6 +24,7 @@ SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
 def build_telemetry(provider: str, kwargs: dict[str, Any]) -> Telemetry:
     from otel_rollout import __version__
 
+    protect_ids(kwargs.get("tracer_provider") or trace.get_tracer_provider())
     tracer = trace.get_tracer("otel_rollout", __version__,
                               tracer_provider=kwargs.get("tracer_provider"), schema_url=SCHEMA_URL)
     meter = metrics.get_meter("otel_rollout", __version__,

@@ -39,6 +39,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from otel_rollout import semconv as R
+from otel_rollout.ids import UrandomIdGenerator
 from otel_rollout.steps import step_number
 
 _logger = logging.getLogger(__name__)
@@ -330,25 +331,6 @@ def _metric_exporter(name: str) -> Any:
     return None
 
 
-def _id_generator() -> Any:
-    """Trace and span ids from ``os.urandom``, not from the ``random`` module.
-
-    vLLM seeds Python's global ``random`` (seed 0 by default) when an engine starts; the SDK's
-    default id generator draws from it, so every actor would then produce the *same* sequence of
-    trace and span ids — colliding ids across actors and across runs.
-    """
-    from opentelemetry.sdk.trace.id_generator import IdGenerator
-
-    class UrandomIdGenerator(IdGenerator):
-        def generate_span_id(self) -> int:
-            return int.from_bytes(os.urandom(8), "big") or 1
-
-        def generate_trace_id(self) -> int:
-            return int.from_bytes(os.urandom(16), "big") or 1
-
-    return UrandomIdGenerator()
-
-
 def configure_sdk() -> None:
     """Install SDK tracer/meter providers exporting per the ``OTEL_*`` environment, if none is set.
 
@@ -364,7 +346,7 @@ def configure_sdk() -> None:
 
     resource = Resource.create({"process.pid": os.getpid()})
     if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        tracer_provider = TracerProvider(resource=resource, id_generator=_id_generator())
+        tracer_provider = TracerProvider(resource=resource, id_generator=UrandomIdGenerator())
         for name in _exporter_names("traces"):
             if (span_exporter := _span_exporter(name)) is not None:
                 tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))

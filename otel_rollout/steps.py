@@ -300,11 +300,14 @@ class StepScope:
         if config.step_log or config.report_dir:
             from otel_rollout import report  # matplotlib is optional; only load it when asked
 
-            entry = report.step_entry(self.step, stats, [r for r, _ in observed])
+            entry = report.step_entry(self.step, stats, observed)
             if config.step_log:
                 report.append_step_log(config.step_log, entry)
             if config.report_dir:
-                report.write_png(entry, config.report_dir)
+                try:
+                    report.write_png(entry, config.report_dir)
+                except ImportError as exc:
+                    _warn_once(str(exc))
 
     def _record_metrics(self, stats: StepStats, config: RolloutConfig, ctx: Context,
                         observed: Sequence[tuple[RequestRecord, SpanContext | None]]) -> None:
@@ -344,6 +347,12 @@ class StepScope:
         for stat, value in (("max", stats.output_tokens_max), ("p50", stats.output_tokens_p50),
                             ("p90", stats.output_tokens_p90)):
             tokens.record(value, {**attrs, R.ROLLOUT_STATISTIC: stat}, context=ctx)
+
+
+@functools.lru_cache(maxsize=8)
+def _warn_once(message: str) -> None:
+    """A missing optional dependency is said once per process, not once per step."""
+    _logger.warning("otel_rollout: %s; step PNGs are skipped", message)
 
 
 def rollout_step(step: int | None = None, **attributes: Any) -> StepScope:
