@@ -38,8 +38,8 @@ def run(smoke: bool) -> dict[str, Any]:
 
     _, _, reader = C.setup_sdk("simple")
     telemetry = build_telemetry("vllm", {})
-    total = 2000 if smoke else 100_000
-    warmup = 500 if smoke else 10_000
+    total = 1000 if smoke else 100_000
+    warmup = 200 if smoke else 10_000
     chunks = 8
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     hang = asyncio.Event

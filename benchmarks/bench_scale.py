@@ -31,7 +31,7 @@ def run(smoke: bool) -> dict[str, Any]:
 
     C.setup_sdk("simple")
     telemetry = build_telemetry("vllm", {})
-    sizes = [(200, 3), (1000, 3)] if smoke else [(1000, 9), (10000, 5), (100000, 2)]
+    sizes = [(100, 2), (300, 2)] if smoke else [(1000, 9), (10000, 5), (100000, 2)]
     results: dict[str, Any] = {"machine": C.machine(), "sizes": {}}
     for n, reps in sizes:
         lengths = C.long_tail(n, seed=n)
