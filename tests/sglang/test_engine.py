@@ -317,7 +317,7 @@ def test_trace_header_injected_only_where_sglang_reads_it(
 def test_uninstrument_restores_originals(otel: OTelHarness, engine: Any, instrumented: Any,
                                          monkeypatch: pytest.MonkeyPatch,
                                          caplog: pytest.LogCaptureFixture) -> None:
-    import otel_rollout.sglang as sglang_instrumentation
+    import otel_rollout.instrumentation as shared_instrumentation
     from sglang.srt.entrypoints.engine import Engine
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
@@ -332,10 +332,10 @@ def test_uninstrument_restores_originals(otel: OTelHarness, engine: Any, instrum
         assert not otel.finished_spans()
 
         # An unsupported version: one clear log line, nothing patched, no exception.
-        monkeypatch.setattr(sglang_instrumentation, "module_version", lambda name: "0.4.9")
-        with caplog.at_level(logging.WARNING, logger="otel_rollout.sglang"):
+        monkeypatch.setattr(shared_instrumentation, "module_version", lambda name: "0.4.9")
+        with caplog.at_level(logging.WARNING, logger="otel_rollout.instrumentation"):
             instrumented.instrument()
-        (record,) = [r for r in caplog.records if r.name == "otel_rollout.sglang"]
+        (record,) = [r for r in caplog.records if r.name == "otel_rollout.instrumentation"]
         assert "0.4.9" in record.getMessage() and "not instrumented" in record.getMessage()
         for owner, name in names:
             assert vars(owner)[name] is originals[name]
