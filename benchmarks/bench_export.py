@@ -104,6 +104,8 @@ def child(args: argparse.Namespace) -> None:
 
         configure_sdk()
     if args.fake:
+        import vllm  # noqa: F401  (instrument() imports it; bare must pay the same exit cost)
+
         gen = fake_generate(args.endpoint != "none", args.requests)
     else:
         gen = real_generate(args.requests)
