@@ -132,6 +132,16 @@ def _int_range(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+def _seconds_range(low: float, high: float) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        value = _finite(raw)
+        if not low <= value <= high:
+            raise ConfigError(f"must be between {low:g} and {high:g} seconds")
+        return value
+
+    return parse
+
+
 def _path(raw: str) -> str:
     if "\x00" in raw:
         raise ConfigError("contains a NUL byte")
@@ -172,6 +182,8 @@ SETTINGS: tuple[Setting[Any], ...] = (
     Setting("OTEL_ROLLOUT_BATCH_AS_STEP", "batch_as_step", False, _bool,
             "Treat each offline batch call made outside any rollout_step() as a step of its own.",
             _render_bool),
+    Setting("OTEL_ROLLOUT_EXIT_TIMEOUT", "exit_timeout", 1.5, _seconds_range(0, 600),
+            "At exit, wait at most this many seconds for telemetry to be exported."),
     Setting("OTEL_ROLLOUT_REPORT_DIR", "report_dir", None, _path,
             "Write a PNG per step (request waterfall + response-length histogram) here; "
             "needs the [report] extra.", _render_opt),
@@ -192,6 +204,7 @@ class RolloutConfig:
     step_summary: bool = False
     summary_stragglers: int = 5
     batch_as_step: bool = False
+    exit_timeout: float = 1.5
     report_dir: str | None = None
     step_log: str | None = None
     capture_content: bool = False

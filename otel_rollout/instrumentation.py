@@ -16,6 +16,7 @@ from wrapt import wrap_function_wrapper
 
 from otel_rollout.config import load_config
 from otel_rollout.ids import protect_ids
+from otel_rollout.lifecycle import bound_exit
 from otel_rollout.telemetry import Telemetry
 
 _logger = logging.getLogger(__name__)
@@ -27,11 +28,13 @@ def build_telemetry(provider: str, kwargs: dict[str, Any]) -> Telemetry:
     from otel_rollout import __version__
 
     protect_ids(kwargs.get("tracer_provider") or trace.get_tracer_provider())
+    config = load_config()
+    bound_exit(config.exit_timeout)
     tracer = trace.get_tracer("otel_rollout", __version__,
                               tracer_provider=kwargs.get("tracer_provider"), schema_url=SCHEMA_URL)
     meter = metrics.get_meter("otel_rollout", __version__,
                               meter_provider=kwargs.get("meter_provider"), schema_url=SCHEMA_URL)
-    return Telemetry(provider, tracer, meter, load_config())
+    return Telemetry(provider, tracer, meter, config)
 
 
 def module_version(name: str) -> str | None:

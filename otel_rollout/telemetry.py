@@ -14,8 +14,9 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as GenAI
@@ -37,6 +38,29 @@ _logger = logging.getLogger(__name__)
 BATCH_SPAN_NAME = "rollout.batch"
 
 
+class _Guard:
+    """One site's reusable context manager: free on the way through, logs once on failure.
+
+    A class rather than ``@contextmanager``: the guard sits on every request and every streamed
+    chunk, and a generator-based context manager costs a generator object and two frames per use.
+    """
+
+    __slots__ = ("_owner", "_site")
+
+    def __init__(self, owner: LogOnce, site: str) -> None:
+        self._owner = owner
+        self._site = site
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if exc_type is None or not issubclass(exc_type, Exception):
+            return False
+        self._owner._failed(self._site, (exc_type, exc, tb))
+        return True  # our own telemetry failed; the engine's work must not notice
+
+
 class LogOnce:
     """Logs the first failure of each telemetry site, then stays quiet.
 
@@ -47,19 +71,22 @@ class LogOnce:
     def __init__(self) -> None:
         self._seen: set[str] = set()
         self._lock = threading.Lock()
+        self._guards: dict[str, _Guard] = {}
 
-    @contextmanager
-    def guard(self, site: str) -> Iterator[None]:
-        try:
-            yield
-        except Exception:  # our own telemetry failed; the engine's work must not notice
-            with self._lock:
-                first = site not in self._seen
-                self._seen.add(site)
-            if first:
-                _logger.warning(
-                    "otel_rollout: telemetry failed in %s; the request itself is unaffected. "
-                    "Further failures here are not logged.", site, exc_info=True)
+    def guard(self, site: str) -> _Guard:
+        guard = self._guards.get(site)
+        if guard is None:
+            guard = self._guards.setdefault(site, _Guard(self, site))
+        return guard
+
+    def _failed(self, site: str, exc_info: Any) -> None:
+        with self._lock:
+            first = site not in self._seen
+            self._seen.add(site)
+        if first:
+            _logger.warning(
+                "otel_rollout: telemetry failed in %s; the request itself is unaffected. "
+                "Further failures here are not logged.", site, exc_info=exc_info)
 
 
 class EngineActivity:
@@ -179,28 +206,37 @@ class Telemetry:
         """A parent span around one offline call; yields the context its children go under.
 
         With ``OTEL_ROLLOUT_BATCH_AS_STEP`` and no enclosing step, the batch is also a step, so
-        an unmodified training loop still gets step analytics.
+        an unmodified training loop still gets step analytics. Opening and closing are guarded:
+        a failing span processor must neither stop the call nor fail it after the engine ran.
         """
         step: StepScope | None = None
-        if self.config.batch_as_step and current_step() is None:
-            self._auto_step += 1
-            step = StepScope(self._auto_step, config=self.config)
-            step.__enter__()
-        span = self.tracer.start_span(
-            BATCH_SPAN_NAME, kind=SpanKind.INTERNAL,
-            attributes={**self._base_attributes(model, operation), R.ROLLOUT_BATCH_SIZE: size})
+        span: trace.Span | None = None
+        ctx = otel_context.get_current()
+        with self.log.guard("batch span"):
+            if self.config.batch_as_step and current_step() is None:
+                self._auto_step += 1
+                step = StepScope(self._auto_step, config=self.config)
+                step.__enter__()
+            span = self.tracer.start_span(
+                BATCH_SPAN_NAME, kind=SpanKind.INTERNAL,
+                attributes={**self._base_attributes(model, operation), R.ROLLOUT_BATCH_SIZE: size})
+            ctx = trace.set_span_in_context(span)
+        error: BaseException | None = None
         try:
-            yield trace.set_span_in_context(span)
+            yield ctx
         except BaseException as exc:
-            span.set_status(Status(StatusCode.ERROR, str(exc)[:256]))
-            span.set_attribute(error_attributes.ERROR_TYPE, type(exc).__qualname__)
-            span.end()
-            if step is not None:
-                step.__exit__(type(exc), exc, exc.__traceback__)
+            error = exc
             raise
-        span.end()
-        if step is not None:
-            step.__exit__(None, None, None)
+        finally:
+            with self.log.guard("batch span"):
+                if span is not None:
+                    if error is not None:
+                        span.set_status(Status(StatusCode.ERROR, str(error)[:256]))
+                        span.set_attribute(error_attributes.ERROR_TYPE, type(error).__qualname__)
+                    span.end()
+            if step is not None:
+                step.__exit__(type(error) if error else None, error,
+                              error.__traceback__ if error else None)
 
     # --- the record → telemetry mapping --------------------------------------------------------
 
@@ -285,11 +321,11 @@ class Telemetry:
             attrs[GenAI.GEN_AI_INPUT_MESSAGES] = json.dumps(
                 [{"role": "user", "parts": [{"type": "text", "content": record.prompt_text[:limit]}]}])
         if record.completion_texts:
+            reasons = record.finish_reasons
             attrs[GenAI.GEN_AI_OUTPUT_MESSAGES] = json.dumps([
                 {"role": "assistant", "parts": [{"type": "text", "content": text[:limit]}],
-                 "finish_reason": reason}
-                for text, reason in zip(record.completion_texts,
-                                        record.finish_reasons or ("",) * len(record.completion_texts))
+                 "finish_reason": reasons[i] if i < len(reasons) else ""}
+                for i, text in enumerate(record.completion_texts)
             ])
 
 

@@ -244,8 +244,10 @@ class AsyncRequest:
         self.delta = getattr(kind, "name", "") == "DELTA"
 
     def item(self, output: Any) -> None:
+        self.last = output
+        if getattr(output, "metrics", None) is not None:
+            return  # the engine counts tokens and stamps the first one: nothing to do per chunk
         with self.telemetry.log.guard("vllm stream"):
-            self.last = output
             for choice in output.outputs or ():
                 count = len(choice.token_ids)
                 if count and self.first_ns is None:
@@ -262,7 +264,7 @@ class AsyncRequest:
                 record = record_from_output(
                     self.last, "text_completion", self.model, self.clock, self.start_ns, now, None,
                     telemetry.config.capture_content and not self.delta,
-                    output_tokens=sum(self.tokens.values()))
+                    output_tokens=sum(self.tokens.values()) if self.tokens else None)
                 if record.timing_source == "observed":
                     record.first_token_ns = self.first_ns
             else:

@@ -245,8 +245,6 @@ def test_content_capture_on_and_truncated(otel, make_telemetry, model, value) ->
     assert "secret" not in attrs["gen_ai.input.messages"]
 
 
-@pytest.mark.xfail(strict=True, reason="package bug: Telemetry._content_attributes zips texts with "
-                   "finish_reasons, dropping completions whose choice has no finish reason yet")
 def test_content_capture_keeps_every_completion(otel, make_telemetry, model) -> None:
     """n=2 where one choice never finished (stream closed early): the vLLM adapter drops None
     finish reasons, so finish_reasons is shorter than completion_texts."""

@@ -10,7 +10,7 @@ import pytest
 
 from tests.reliability.jobs import exporter_jobs  # noqa: F401
 from tests.vllm.conftest import instrumented, llm, llm_stats, vllm_module  # noqa: F401
-from tests.support.engines import VLLM_KWARGS
+from tests.support.engines import VLLM_KWARGS, shutdown_async_llm
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
@@ -48,13 +48,4 @@ def async_engine(vllm_module: Any, tiny_model: str, instrumented: Any, llm: Any,
 
     engine = aloop.run_until_complete(start())
     yield engine
-    engine.shutdown()
-    # vLLM leaves its client zmq sockets to finalizers; with messages still queued for the dead
-    # engine core their default (infinite) linger makes a later context term (in a gc, e.g. the
-    # in-process LLM's shutdown) block forever. Close them now without lingering.
-    core = getattr(engine, "engine_core", None)
-    contexts = [getattr(core, "ctx", None), getattr(getattr(core, "resources", None), "ctx", None)]
-    for ctx in contexts:
-        for sock in list(getattr(ctx, "_sockets", None) or ()):
-            if not sock.closed:
-                sock.close(linger=0)
+    shutdown_async_llm(engine)

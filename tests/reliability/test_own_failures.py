@@ -145,14 +145,7 @@ def test_broken_instrument_async(otel: OTelHarness, async_engine: Any, vllm_modu
     assert all(v == 0 for v in in_flight(fresh_log).values())
 
 
-@pytest.mark.parametrize("mode", [
-    pytest.param("end", marks=pytest.mark.xfail(strict=True, reason=(
-        "package bug: Telemetry.batch() starts/ends the rollout.batch span outside any guard, "
-        "so a raising span processor makes LLM.generate raise after the engine finished"))),
-    pytest.param("start", marks=pytest.mark.xfail(strict=True, reason=(
-        "package bug: Telemetry.batch() starts the rollout.batch span outside any guard, so a "
-        "raising span processor stops LLM.generate before the engine runs"))),
-])
+@pytest.mark.parametrize("mode", ["end", "start"])
 def test_broken_span_processor_offline(mode: str, otel: OTelHarness, llm: Any, vllm_module: Any,
                                        faulty_processor: _FaultySpanProcessor, fresh_log: Any,
                                        caplog: pytest.LogCaptureFixture) -> None:

@@ -26,3 +26,19 @@ def long_tail_lengths(n: int, seed: int = 0, low: int = 8, high: int = 256) -> l
         lengths.append(min(high, int(low * x)))
     lengths[-1] = high  # at least one straggler at the cap
     return lengths
+
+
+def shutdown_async_llm(engine: Any) -> None:
+    """Stop an AsyncLLM so that a later in-process LLM can still shut down.
+
+    vLLM leaves its client zmq sockets to finalizers; with messages still queued for the dead
+    engine core their default (infinite) linger makes a later context term (in a gc, e.g. the
+    in-process LLM's shutdown) block forever. Close them now without lingering.
+    """
+    engine.shutdown()
+    core = getattr(engine, "engine_core", None)
+    contexts = [getattr(core, "ctx", None), getattr(getattr(core, "resources", None), "ctx", None)]
+    for ctx in contexts:
+        for sock in list(getattr(ctx, "_sockets", None) or ()):
+            if not sock.closed:
+                sock.close(linger=0)

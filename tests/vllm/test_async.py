@@ -12,7 +12,7 @@ from opentelemetry.trace import StatusCode
 
 from otel_rollout import rollout_step
 from tests.conftest import OTelHarness
-from tests.support.engines import VLLM_KWARGS
+from tests.support.engines import VLLM_KWARGS, shutdown_async_llm
 
 pytestmark = pytest.mark.vllm
 
@@ -25,8 +25,9 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 
 @pytest.fixture(scope="module")
-def engine(vllm_module: Any, tiny_model: str, instrumented: Any,
+def engine(vllm_module: Any, tiny_model: str, instrumented: Any, llm: Any,
            loop: asyncio.AbstractEventLoop) -> Iterator[Any]:
+    """Depends on ``llm`` only so that it is torn down first (see shutdown_async_llm)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -35,7 +36,7 @@ def engine(vllm_module: Any, tiny_model: str, instrumented: Any,
 
     engine = loop.run_until_complete(start())
     yield engine
-    engine.shutdown()
+    shutdown_async_llm(engine)
 
 
 def _spans(otel: OTelHarness) -> list[Any]:
