@@ -320,28 +320,27 @@ class StepScope:
                                           explicit_bucket_boundaries_advisory=buckets)
 
         lat = config.latency_buckets
-        hist(R.METRIC_STEP_DURATION, "s", lat, "Wall time of a training step's scope.").record(
-            stats.duration_s, attrs, context=ctx)
-        hist(R.METRIC_STEP_TAIL_DURATION, "s", lat,
-             "Time from the tail quantile of finishes to the last finish.").record(
-            stats.tail_duration_s, attrs, context=ctx)
-        hist(R.METRIC_STEP_TAIL_REQUESTS, "{request}", _COUNT_BUCKETS,
-             "Requests still running when the tail began.").record(
-            stats.tail_requests, attrs, context=ctx)
-        hist(R.METRIC_STEP_REQUESTS, "{request}", _COUNT_BUCKETS, "Requests in the step.").record(
-            stats.requests, attrs, context=ctx)
-        hist(R.METRIC_STEP_STRAGGLER_RATIO, "1", DEFAULT_RATIO_BUCKETS,
-             "Slowest request latency over the median.").record(
-            stats.straggler_ratio, attrs, context=ctx)
-        hist(R.METRIC_STEP_TRUNCATION_RATIO, "1", _FRACTION_BUCKETS,
-             "Share of requests that stopped at max_tokens.").record(
-            stats.truncation_ratio, attrs, context=ctx)
-        hist(R.METRIC_STEP_IDLE_CAPACITY, "s", lat,
-             "Request-seconds of in-flight capacity left unused during the rollout window.").record(
-            stats.idle_capacity_s, attrs, context=ctx)
-        hist(R.METRIC_STEP_IDLE_FRACTION, "1", _FRACTION_BUCKETS,
-             "Idle capacity as a share of peak in-flight × window.").record(
-            stats.idle_fraction, attrs, context=ctx)
+        points: tuple[tuple[str, str, Sequence[float], str, float], ...] = (
+            (R.METRIC_STEP_DURATION, "s", lat, "Wall time of a training step's scope.",
+             stats.duration_s),
+            (R.METRIC_STEP_TAIL_DURATION, "s", lat,
+             "Time from the tail quantile of finishes to the last finish.", stats.tail_duration_s),
+            (R.METRIC_STEP_TAIL_REQUESTS, "{request}", _COUNT_BUCKETS,
+             "Requests still running when the tail began.", stats.tail_requests),
+            (R.METRIC_STEP_REQUESTS, "{request}", _COUNT_BUCKETS, "Requests in the step.",
+             stats.requests),
+            (R.METRIC_STEP_STRAGGLER_RATIO, "1", DEFAULT_RATIO_BUCKETS,
+             "Slowest request latency over the median.", stats.straggler_ratio),
+            (R.METRIC_STEP_TRUNCATION_RATIO, "1", _FRACTION_BUCKETS,
+             "Share of requests that stopped at max_tokens.", stats.truncation_ratio),
+            (R.METRIC_STEP_IDLE_CAPACITY, "s", lat,
+             "Request-seconds of in-flight capacity left unused during the rollout window.",
+             stats.idle_capacity_s),
+            (R.METRIC_STEP_IDLE_FRACTION, "1", _FRACTION_BUCKETS,
+             "Idle capacity as a share of peak in-flight × window.", stats.idle_fraction),
+        )
+        for name, unit, buckets, desc, value in points:
+            hist(name, unit, buckets, desc).record(value, attrs, context=ctx)
         tokens = hist(R.METRIC_STEP_OUTPUT_TOKENS, "{token}", config.token_buckets,
                       "Per-step response length statistics.")
         for stat, value in (("max", stats.output_tokens_max), ("p50", stats.output_tokens_p50),

@@ -8,6 +8,7 @@ exceptions, untouched.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 import wrapt
@@ -35,9 +36,10 @@ class ObservedAsyncStream(wrapt.ObjectProxy):  # type: ignore[misc]
     def __aiter__(self) -> ObservedAsyncStream:
         return self
 
-    async def __anext__(self) -> Any:
+    async def _self_advance(self, step: Awaitable[Any]) -> Any:
+        """Await one step of the wrapped generator; observe what it yields or how it ended."""
         try:
-            item = await self.__wrapped__.__anext__()
+            item = await step
         except StopAsyncIteration:
             self._self_finish(None)
             raise
@@ -47,26 +49,15 @@ class ObservedAsyncStream(wrapt.ObjectProxy):  # type: ignore[misc]
         self._self_observer.item(item)
         return item
 
-    async def asend(self, value: Any) -> Any:
-        try:
-            item = await self.__wrapped__.asend(value)
-        except StopAsyncIteration:
-            self._self_finish(None)
-            raise
-        except BaseException as exc:
-            self._self_finish(exc)
-            raise
-        self._self_observer.item(item)
-        return item
+    def __anext__(self) -> Awaitable[Any]:
+        return self._self_advance(self.__wrapped__.__anext__())
 
-    async def athrow(self, *args: Any) -> Any:
-        try:
-            item = await self.__wrapped__.athrow(*args)
-        except BaseException as exc:
-            self._self_finish(exc if not isinstance(exc, StopAsyncIteration) else None)
-            raise
-        self._self_observer.item(item)  # the generator handled the throw and yielded on
-        return item
+    def asend(self, value: Any) -> Awaitable[Any]:
+        return self._self_advance(self.__wrapped__.asend(value))
+
+    def athrow(self, *args: Any) -> Awaitable[Any]:
+        # The generator may handle the throw and yield on: that item is observed like any other.
+        return self._self_advance(self.__wrapped__.athrow(*args))
 
     async def aclose(self) -> None:
         try:
