@@ -9,17 +9,13 @@ from __future__ import annotations
 # --- request-level attributes -------------------------------------------------------------
 ROLLOUT_FINISH_REASON = "rollout.finish_reason"
 """One normalised finish reason per request on metrics (bounded: stop, length, abort, error)."""
-ROLLOUT_REQUEST_N = "gen_ai.request.choice.count"
 ROLLOUT_QUEUE_TIME = "rollout.request.queue_time"
 ROLLOUT_TTFT = "rollout.request.time_to_first_token"
 ROLLOUT_CACHED_TOKENS = "rollout.usage.cached_tokens"
 ROLLOUT_TIMING_SOURCE = "rollout.timing.source"
-"""Where the span's timestamps came from: ``engine`` (the engine's own stats) or ``observed``."""
+"""Where the span's timestamps came from: ``engine``, ``engine_steps``, ``engine_latency``, ``observed`` (README)."""
 ROLLOUT_BATCH_SIZE = "rollout.batch.size"
 ROLLOUT_STEP = "rollout.step"
-ROLLOUT_ENGINE_ID = "rollout.engine.id"
-ROLLOUT_PROMPT = "gen_ai.prompt"
-ROLLOUT_COMPLETION = "gen_ai.completion"
 
 # --- request-level metrics (besides the GenAI semconv ones) -----------------------------
 METRIC_QUEUE_TIME = "rollout.request.queue_time"

@@ -179,13 +179,13 @@ def row_engines(d: db.Dashboard) -> db.Dashboard:
         "In-flight requests per replica", "short",
         prom("A", f"sum by (job, instance) (rollout_requests_active{{{REQ}}})", "{{job}} {{instance}}")))
     eng = 'job=~"$service", instance=~"$replica"'
-    by = "job, instance, rollout_engine_id"
+    by = "job, instance, gen_ai_request_model"
     d = d.with_panel(ts(
         "Engine idle ratio per replica", "percentunit",
         prom("A", f"sum by ({by}) (rate(rollout_engine_idle_time_seconds_total{{{eng}}}[{RI}]))"
                   f" / (sum by ({by}) (rate(rollout_engine_busy_time_seconds_total{{{eng}}}[{RI}]))"
                   f" + sum by ({by}) (rate(rollout_engine_idle_time_seconds_total{{{eng}}}[{RI}])))",
-             "{{instance}} engine {{rollout_engine_id}}")))
+             "{{instance}} {{gen_ai_request_model}}")))
     d = d.with_panel(ts(
         "Throughput (tokens/s)", "short",
         prom("A", f"sum by (gen_ai_token_type) (rate(gen_ai_client_token_usage_sum{{{REQ}}}[{RI}]))",
