@@ -78,7 +78,7 @@ class _Collector:
         yield from self._reader.families(data)
 
 
-class OpenMetricsExemplarReader(MetricReader):  # type: ignore[misc]
+class OpenMetricsExemplarReader(MetricReader):
     """A pull reader serving OpenMetrics with exemplars on ``/metrics``."""
 
     def __init__(self, host: str | None = None, port: int | None = None,
@@ -103,7 +103,7 @@ class OpenMetricsExemplarReader(MetricReader):  # type: ignore[misc]
             self.registry = None
             return
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(self))  # type: ignore[arg-type]
+        self.registry.register(_Collector(self))
         if start_server:
             self._serve(host, port)
 

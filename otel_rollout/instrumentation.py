@@ -101,7 +101,7 @@ def watch_global_tracer_provider(engine: str) -> Any:
 Target = tuple[str, str, Callable[..., Any]]
 
 
-class EngineInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+class EngineInstrumentor(BaseInstrumentor):
     """Applies an engine's ``targets`` list and undoes exactly what was applied.
 
     Subclasses only say which engine and which (module, ``Class.method``, wrapper) triples; the

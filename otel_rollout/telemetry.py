@@ -31,7 +31,6 @@ from otel_rollout.steps import StepScope, current_step, step_number
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.trace import Span
 
 _logger = logging.getLogger(__name__)
 
