@@ -24,15 +24,26 @@ _INSIDE_CALL = otel_context.create_key("otel_rollout.inside_call")
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
 
 
-def build_telemetry(provider: str, kwargs: dict[str, Any]) -> Telemetry:
+def build_telemetry(provider: str, kwargs: dict[str, Any],
+                    reuse: Telemetry | None = None) -> Telemetry:
+    """The instrumentor's Telemetry; ``reuse`` keeps the instruments of an earlier instrument().
+
+    Each engine has its own instrumentation scope (``otel_rollout.vllm``, ...): on a shared meter
+    the second engine's observable counters would be duplicates the SDK ignores. Re-instrumenting
+    reuses the instruments for the same reason, and only re-reads the configuration.
+    """
     from otel_rollout import __version__
 
     protect_ids(kwargs.get("tracer_provider") or trace.get_tracer_provider())
     config = load_config()
     bound_exit(config.exit_timeout)
-    tracer = trace.get_tracer("otel_rollout", __version__,
+    if reuse is not None:
+        reuse.config = config
+        return reuse
+    scope = f"otel_rollout.{provider}"
+    tracer = trace.get_tracer(scope, __version__,
                               tracer_provider=kwargs.get("tracer_provider"), schema_url=SCHEMA_URL)
-    meter = metrics.get_meter("otel_rollout", __version__,
+    meter = metrics.get_meter(scope, __version__,
                               meter_provider=kwargs.get("meter_provider"), schema_url=SCHEMA_URL)
     return Telemetry(provider, tracer, meter, config)
 
@@ -134,8 +145,14 @@ class EngineInstrumentor(BaseInstrumentor):
                             "instrumented", self.engine_name, version,
                             ".".join(map(str, self.min_version)), self.engine_name)
             return
+        key = (id(kwargs.get("tracer_provider")), id(kwargs.get("meter_provider")))
+        cached = getattr(self, "_telemetry", None)
+        telemetry = build_telemetry(self.provider, kwargs,
+                                    reuse=cached if getattr(self, "_telemetry_key", None) == key
+                                    else None)
+        self._telemetry, self._telemetry_key = telemetry, key
         missing = []
-        for module, name, wrapper in self.targets(build_telemetry(self.provider, kwargs)):
+        for module, name, wrapper in self.targets(telemetry):
             try:
                 wrap_function_wrapper(module, name, wrapper)
             except (ImportError, AttributeError) as exc:

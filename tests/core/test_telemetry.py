@@ -297,3 +297,21 @@ def test_config_types() -> None:
     config = RolloutConfig()
     assert config.capture_content is False
     assert config.content_max_length == 1024
+
+
+def test_engines_and_reinstrumenting_keep_their_observable_counters(otel) -> None:
+    """One scope per engine, instruments reused on re-instrument: no callback is left orphaned."""
+    from otel_rollout.instrumentation import build_telemetry
+
+    vllm = build_telemetry("vllm", {})
+    sglang = build_telemetry("sglang", {})
+    again = build_telemetry("vllm", {}, reuse=vllm)
+    assert again is vllm
+    vllm.requests_started("m-busy", "text_completion")
+    sglang.requests_started("m-busy", "text_completion")
+    providers = {p.attributes["gen_ai.provider.name"]
+                 for p in otel.metric_points("rollout.engine.busy_time")
+                 if p.attributes["gen_ai.request.model"] == "m-busy"}
+    assert providers == {"vllm", "sglang"}
+    vllm.requests_ended("m-busy", "text_completion")
+    sglang.requests_ended("m-busy", "text_completion")
