@@ -109,6 +109,8 @@ def watch_global_tracer_provider(engine: str) -> Any:
     return wrapper
 
 
+Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
+"""wrapt's wrapper signature: (wrapped, instance, args, kwargs) -> result."""
 Target = tuple[str, str, Callable[..., Any]]
 
 

@@ -8,6 +8,7 @@ epoch nanoseconds. Adapters hand over whatever the engine gave them, tagged with
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -54,6 +55,14 @@ def _is_abort(error: BaseException) -> bool:
     """Cancellation and early close are the caller's decision, not an engine failure."""
     return isinstance(error, (StreamClosedEarly, GeneratorExit)) or (
         type(error).__name__ == "CancelledError")
+
+
+def model_label(name: object) -> str:
+    """A served model name as a bounded label: the first of a list, a local path's last part."""
+    if isinstance(name, (list, tuple)):
+        name = name[0] if name else None
+    text = str(name or "unknown")
+    return os.path.basename(text.rstrip("/")) if os.path.isabs(text) else text
 
 
 class Clock:

@@ -35,15 +35,14 @@ Timing exactness:
 from __future__ import annotations
 
 import contextvars
-import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
-from otel_rollout.instrumentation import should_observe
-from otel_rollout.record import Clock, RequestRecord, normalize_finish_reason
+from otel_rollout.instrumentation import Wrapper, should_observe
+from otel_rollout.record import Clock, RequestRecord, model_label, normalize_finish_reason
 from otel_rollout.streams import ObservedAsyncStream
 from otel_rollout.telemetry import Telemetry
 
@@ -56,17 +55,11 @@ if TYPE_CHECKING:
 PROVIDER = "sglang"
 OPERATION = "text_completion"
 _ENGINE_CALL = otel_context.create_key("otel_rollout.sglang.engine_call")
-Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
 def model_name(manager: Any) -> str:
-    """The served model name; a local path is shortened to its last part to keep labels short."""
-    name = (getattr(manager, "served_model_name", None) or getattr(manager, "model_path", None)
-            or "unknown")
-    if isinstance(name, (list, tuple)):
-        name = name[0] if name else "unknown"
-    name = str(name)
-    return os.path.basename(name.rstrip("/")) if os.path.isabs(name) else name
+    return model_label(getattr(manager, "served_model_name", None)
+                       or getattr(manager, "model_path", None))
 
 
 def _seconds_ns(seconds: Any) -> int | None:

@@ -12,7 +12,6 @@ processor handles each step — exact to one engine step; queue time is not avai
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
-from otel_rollout.instrumentation import observing, should_observe
-from otel_rollout.record import Clock, RequestRecord, normalize_finish_reason
+from otel_rollout.instrumentation import Wrapper, observing, should_observe
+from otel_rollout.record import Clock, RequestRecord, model_label, normalize_finish_reason
 from otel_rollout.streams import ObservedAsyncStream
 from otel_rollout.telemetry import Telemetry
 
@@ -31,19 +30,13 @@ if TYPE_CHECKING:
 
 PROVIDER = "vllm"
 _STEP_TIMES = otel_context.create_key("otel_rollout.vllm.step_times")
-Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
 def model_name(engine: Any) -> str:
-    """The served model name; a local path is shortened to its last part to keep labels short."""
     config = getattr(engine, "model_config", None)
     if config is None:
         config = getattr(getattr(engine, "llm_engine", None), "model_config", None)
-    name = getattr(config, "served_model_name", None) or getattr(config, "model", None) or "unknown"
-    if isinstance(name, (list, tuple)):
-        name = name[0] if name else "unknown"
-    name = str(name)
-    return os.path.basename(name.rstrip("/")) if os.path.isabs(name) else name
+    return model_label(getattr(config, "served_model_name", None) or getattr(config, "model", None))
 
 
 class StepTimes:
@@ -152,14 +145,13 @@ def offline_wrapper(telemetry: Telemetry, operation: str) -> Wrapper:
                 with observing():
                     outputs = wrapped(*args, **kwargs)
             except BaseException as exc:
-                otel_context.detach(token)
-                telemetry.requests_ended(model, operation, size)
                 telemetry.emit(RequestRecord(
                     provider=PROVIDER, model=model, operation=operation, arrival_ns=start_ns,
                     finish_ns=clock.now_ns(), error=exc, timing_source="observed"), batch_ctx)
                 raise
-            otel_context.detach(token)
-            telemetry.requests_ended(model, operation, size)
+            finally:
+                otel_context.detach(token)
+                telemetry.requests_ended(model, operation, size)
             end_ns = clock.now_ns()
             with telemetry.log.guard("vllm offline records"):
                 records = []
