@@ -21,7 +21,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
-    sys.path.insert(1, str(REPO))  # tests.support.engines (engine settings, long_tail_lengths)
+    sys.path.insert(1, str(REPO))  # testkit.engines (engine settings, long_tail_lengths)
 
 
 # --- the OTel SDK, configured identically for "ours" and the floor ------------------------------
@@ -80,7 +80,7 @@ def setup_sdk(processor: str = "simple") -> tuple[Any, Any, Any]:
 # --- real-shaped vLLM outputs ------------------------------------------------------------------
 
 def long_tail(n: int, seed: int = 0, high: int = 256) -> list[int]:
-    from tests.support.engines import long_tail_lengths
+    from testkit.engines import long_tail_lengths
 
     return long_tail_lengths(n, seed=seed, high=high)
 

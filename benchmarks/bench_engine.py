@@ -37,7 +37,7 @@ def model_path() -> str:
 
 
 def engine_env() -> None:
-    from tests.support.engines import vllm_environment
+    from testkit.engines import vllm_environment
 
     vllm_environment()
     os.environ.setdefault("VLLM_CACHE_ROOT", "/tmp/vcache")
@@ -57,7 +57,7 @@ def offline(smoke: bool) -> dict[str, Any]:
     from vllm.entrypoints.common import offline as offline_mod  # noqa: F401  (the mixin's module)
 
     from otel_rollout import VLLMInstrumentor
-    from tests.support.engines import VLLM_KWARGS
+    from testkit.engines import VLLM_KWARGS
 
     llm = LLM(model=model_path(), **VLLM_KWARGS)
     inst = VLLMInstrumentor()
@@ -137,7 +137,7 @@ def async_mode(smoke: bool) -> dict[str, Any]:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from otel_rollout import VLLMInstrumentor
-    from tests.support.engines import VLLM_KWARGS
+    from testkit.engines import VLLM_KWARGS
 
     inst = VLLMInstrumentor()
     n, pairs = (16, 1) if smoke else (256, 5)

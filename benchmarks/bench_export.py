@@ -127,7 +127,7 @@ def real_generate(n: int) -> Any:
     engine_env()
     from vllm import LLM
 
-    from tests.support.engines import VLLM_KWARGS
+    from testkit.engines import VLLM_KWARGS
 
     llm = LLM(model=model_path(), **VLLM_KWARGS)
     lengths = C.long_tail(n, seed=5, high=128)
@@ -195,7 +195,7 @@ def run_child(endpoint: str, fake: bool, runs: int, requests: int, limit_s: floa
 
 
 def run(smoke: bool, fake: bool | None = None) -> dict[str, Any]:
-    from tests.support.otlp_receiver import OTLPReceiver
+    from testkit.otlp_receiver import OTLPReceiver
 
     fake = smoke if fake is None else fake
     runs, requests = (1, 16) if smoke else (5, 256)

@@ -6,7 +6,7 @@
     $PY scripts/smoke_sglang.py --model "$MODEL"              # generate single/batch/stream + async
     $PY scripts/smoke_sglang.py --model "$MODEL" --metrics    # same, with enable_metrics=True
 
-It sets SGLANG_USE_CPU_ENGINE=1 and puts tests/support/sgl_kernel_standin (the test-environment
+It sets SGLANG_USE_CPU_ENGINE=1 and puts testkit/sgl_kernel_standin (the test-environment
 stand-in for the missing CPU build of sgl_kernel) on sys.path and PYTHONPATH, so that the
 engine's child processes import it too. Exits non-zero on any failure.
 """
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-STANDIN = REPO / "tests" / "support" / "sgl_kernel_standin"
+STANDIN = REPO / "testkit" / "sgl_kernel_standin"
 
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.support.otlp_receiver import OTLPReceiver
+from testkit.otlp_receiver import OTLPReceiver
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -26,7 +26,7 @@ import pytest
 from otel_rollout.config import DEFAULT_LATENCY_BUCKETS
 from tests.e2e.runner import REPO, instrument_command, workload_env
 from tests.pipeline.promql import all_promql_expressions
-from tests.support.otlp_receiver import OTLPReceiver, attr
+from testkit.otlp_receiver import OTLPReceiver, attr
 
 pytestmark = [pytest.mark.vllm, pytest.mark.prometheus]
 

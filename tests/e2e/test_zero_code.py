@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.runner import run_workload, workload_env
-from tests.support.otlp_receiver import OTLPReceiver, attr
+from testkit.otlp_receiver import OTLPReceiver, attr
 
 pytestmark = pytest.mark.vllm
 

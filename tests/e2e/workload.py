@@ -16,7 +16,7 @@ import sys
 from opentelemetry import trace
 
 from otel_rollout import rollout_step
-from tests.support.engines import VLLM_KWARGS, long_tail_lengths, vllm_environment
+from testkit.engines import VLLM_KWARGS, long_tail_lengths, vllm_environment
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 ``all_promql_expressions(repo_root)`` collects the expressions of:
   * the committed dashboards (grafana/dashboards/*.json): panel targets, annotation queries,
     and the selectors inside ``label_values(...)`` / ``query_result(...)`` of query variables;
-  * the recording and alerting rules (collector/prometheus/rules.yml);
+  * the recording and alerting rules (prometheus/rules.yml);
   * the Tempo datasource's trace-to-metrics queries (grafana/provisioning/datasources/*.yaml).
 
 Grafana placeholders are replaced so the result is plain PromQL:

@@ -91,7 +91,7 @@ def test_provisioning_mounted_as_is(compose: dict) -> None:
     assert "./grafana/provisioning:/etc/grafana/provisioning:ro" in vols
     assert "./collector/otelcol.yaml:/etc/otelcol-contrib/config.yaml:ro" in compose["services"]["otel-collector"]["volumes"]
     prom = compose["services"]["prometheus"]
-    assert "./collector/prometheus/rules.yml:/etc/prometheus/rules.yml:ro" in prom["volumes"]
+    assert "./prometheus/rules.yml:/etc/prometheus/rules.yml:ro" in prom["volumes"]
     assert "--enable-feature=exemplar-storage" in prom["command"]
     assert "--web.enable-remote-write-receiver" in prom["command"]
 
@@ -104,7 +104,7 @@ def test_slow_request_threshold_reaches_collector(compose: dict) -> None:
 CONFIG_FILES = [
     "compose.yaml", ".env",
     "collector/otelcol.yaml", "collector/multinode/agent.yaml", "collector/multinode/gateway.yaml",
-    "collector/prometheus/prometheus.yml", "collector/prometheus/rules.yml", "collector/tempo/tempo.yaml",
+    "prometheus/prometheus.yml", "prometheus/rules.yml", "tempo/tempo.yaml",
     "grafana/provisioning/datasources/datasources.yaml", "grafana/provisioning/dashboards/dashboards.yaml",
     "tests/pipeline/rules_test.yml",
 ]
@@ -123,7 +123,7 @@ def test_every_config_file_is_listed(repo_root: Path) -> None:
 
 
 def test_tempo_config(repo_root: Path) -> None:
-    cfg = yaml.safe_load((repo_root / "collector/tempo/tempo.yaml").read_text())
+    cfg = yaml.safe_load((repo_root / "tempo/tempo.yaml").read_text())
     assert cfg["storage"]["trace"]["backend"] == "local"
     assert cfg["distributor"]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].endswith(":4317")
     assert cfg["server"]["http_listen_port"] == 3200

@@ -11,7 +11,7 @@ import yaml
 from pipeline_tools import PROMTOOL_HINT, require_tool
 from promql import all_promql_expressions
 
-PROM_DIR = "collector/prometheus"
+PROM_DIR = "prometheus"
 
 
 def _promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -80,6 +80,6 @@ def test_expression_sources_cover_dashboards_rules_and_datasources(repo_root: Pa
     assert any(s.startswith("grafana/dashboards/") and "panel" in s for s in sources)
     assert any(s.startswith("grafana/dashboards/") and "annotation" in s for s in sources)
     assert any(s.startswith("grafana/dashboards/") and "variable" in s for s in sources)
-    assert any(s.startswith("collector/prometheus/rules.yml: record") for s in sources)
-    assert any(s.startswith("collector/prometheus/rules.yml: alert") for s in sources)
+    assert any(s.startswith("prometheus/rules.yml: record") for s in sources)
+    assert any(s.startswith("prometheus/rules.yml: alert") for s in sources)
     assert any("tracesToMetrics" in s for s in sources)

@@ -29,7 +29,7 @@ def main() -> None:
     import vllm
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from tests.support.engines import VLLM_KWARGS
+    from testkit.engines import VLLM_KWARGS
 
     batches = int(os.environ.get("JOB_BATCHES", "6"))
     prompts = int(os.environ.get("JOB_PROMPTS", "16"))

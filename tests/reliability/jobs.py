@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.reliability.faults import FaultyCollector, closed_port
-from tests.support.engines import VLLM_ENV
+from testkit.engines import VLLM_ENV
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent

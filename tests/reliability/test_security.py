@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from otel_rollout import VLLMInstrumentor
 from tests.reliability.jobs import SECRET
-from tests.support.otlp_receiver import OTLPReceiver, attr
+from testkit.otlp_receiver import OTLPReceiver, attr
 
 pytestmark = pytest.mark.vllm
 

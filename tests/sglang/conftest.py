@@ -1,7 +1,7 @@
 """The real SGLang CPU engine, instrumented, with the tiny local model.
 
 SGLang's CPU engine needs ``sgl_kernel``, which has no CPU build on PyPI; the test-environment
-stand-in in ``tests/support/sgl_kernel_standin`` provides the one op a plain generate reaches. It
+stand-in in ``testkit/sgl_kernel_standin`` provides the one op a plain generate reaches. It
 goes on ``sys.path`` (this process) and ``PYTHONPATH`` (the engine's spawned scheduler and
 detokenizer) before sglang is imported.
 """
@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import OTelHarness, require_module
 
-STANDIN = Path(__file__).resolve().parent.parent / "support" / "sgl_kernel_standin"
+STANDIN = Path(__file__).resolve().parents[2] / "testkit" / "sgl_kernel_standin"
 SGLANG_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
 ENGINE_KWARGS: dict[str, Any] = dict(
     device="cpu", attention_backend="torch_native", dtype="bfloat16", mem_fraction_static=0.05,

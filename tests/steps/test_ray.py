@@ -14,8 +14,8 @@ import pytest
 from otel_rollout import rollout_step
 from otel_rollout.ray import SETUP_HOOK, inject_context, runtime_env
 from tests.conftest import OTelHarness
-from tests.support.engines import VLLM_ENV, VLLM_KWARGS, long_tail_lengths
-from tests.support.otlp_receiver import OTLPReceiver, attr
+from testkit.engines import VLLM_ENV, VLLM_KWARGS, long_tail_lengths
+from testkit.otlp_receiver import OTLPReceiver, attr
 
 pytestmark = pytest.mark.vllm
 

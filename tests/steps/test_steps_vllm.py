@@ -16,7 +16,7 @@ from otel_rollout import rollout_step
 from otel_rollout.cli import main as cli_main
 from tests.conftest import OTelHarness
 from tests.steps.expected import Request, expected
-from tests.support.engines import long_tail_lengths
+from testkit.engines import long_tail_lengths
 
 pytestmark = pytest.mark.vllm
 

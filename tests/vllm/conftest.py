@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import OTelHarness, require_module
-from tests.support.engines import VLLM_KWARGS, vllm_environment
+from testkit.engines import VLLM_KWARGS, vllm_environment
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from opentelemetry.trace import StatusCode
 
 from otel_rollout import rollout_step
 from tests.conftest import OTelHarness
-from tests.support.engines import VLLM_KWARGS, shutdown_async_llm
+from testkit.engines import VLLM_KWARGS, shutdown_async_llm
 
 pytestmark = pytest.mark.vllm
 

@@ -11,7 +11,7 @@ from opentelemetry.trace import StatusCode
 from otel_rollout import rollout_step
 from otel_rollout.telemetry import BATCH_SPAN_NAME
 from tests.conftest import OTelHarness
-from tests.support.engines import long_tail_lengths
+from testkit.engines import long_tail_lengths
 
 pytestmark = pytest.mark.vllm
 

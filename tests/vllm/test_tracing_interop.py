@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.runner import REPO, workload_env
-from tests.support.otlp_receiver import OTLPReceiver
+from testkit.otlp_receiver import OTLPReceiver
 
 pytestmark = pytest.mark.vllm
 

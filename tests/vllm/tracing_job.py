@@ -13,7 +13,7 @@ import json
 
 from opentelemetry import trace
 
-from tests.support.engines import VLLM_KWARGS, vllm_environment
+from testkit.engines import VLLM_KWARGS, vllm_environment
 
 
 async def traced_request(model: str, endpoint: str) -> str:

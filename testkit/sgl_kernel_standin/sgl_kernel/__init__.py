@@ -14,7 +14,7 @@ that raises ``NotImplementedError`` naming the op as soon as it is *called*: a n
 SGLang on this binary is loud instead of silently wrong. Submodules SGLang may probe with
 ``try: import ... except ImportError`` (e.g. ``sgl_kernel.scalar_type``) are deliberately absent.
 
-Use it only by putting ``tests/support/sgl_kernel_standin`` on ``PYTHONPATH`` of a test process
+Use it only by putting ``testkit/sgl_kernel_standin`` on ``PYTHONPATH`` of a test process
 (and of the engine's child processes, which inherit the environment). Never ship or install it.
 """
 
@@ -67,7 +67,7 @@ def assign_req_to_token_pool_cpu(
 def _missing(module: str, name: str) -> NotImplementedError:
     return NotImplementedError(
         f"{module}.{name} is not provided by the otel_rollout test stand-in for sgl_kernel "
-        f"(tests/support/sgl_kernel_standin). SGLang now calls the CPU op '{name}': implement it "
+        f"(testkit/sgl_kernel_standin). SGLang now calls the CPU op '{name}': implement it "
         "in the stand-in or avoid the code path that needs it."
     )
 
