@@ -5,10 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_rollout.steps import StepStats, current_step, rollout_step
+from otel_rollout.analysis import StepStats
+from otel_rollout.context import current_step
+from otel_rollout.steps import rollout_step
+from otel_rollout.version import __version__
 
-__all__ = ["SGLangInstrumentor", "StepStats", "VLLMInstrumentor", "current_step", "rollout_step"]
-__version__ = "0.1.0.dev0"
+__all__ = [
+    "SGLangInstrumentor", "StepStats", "VLLMInstrumentor", "__version__", "current_step",
+    "rollout_step",
+]
 
 
 def __getattr__(name: str) -> Any:

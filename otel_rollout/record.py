@@ -65,6 +65,16 @@ def model_label(name: object) -> str:
     return os.path.basename(text.rstrip("/")) if os.path.isabs(text) else text
 
 
+def trace_hex(trace_id: int) -> str | None:
+    """A trace id as W3C/Tempo write it (32 hex digits); ``None`` for the invalid id 0."""
+    return format(trace_id, "032x") if trace_id else None
+
+
+def span_hex(span_id: int) -> str | None:
+    """A span id as W3C/Tempo write it (16 hex digits); ``None`` for the invalid id 0."""
+    return format(span_id, "016x") if span_id else None
+
+
 class Clock:
     """Converts monotonic readings to epoch nanoseconds with one offset sampled at creation.
 
@@ -121,6 +131,17 @@ class RequestRecord:
     timing_source: str = "engine"
     prompt_text: str | None = None
     completion_texts: tuple[str, ...] = field(default=())
+    trace_id: int = 0
+    """The request span's ids, set by the emitter; 0 until the span exists (W3C: invalid)."""
+    span_id: int = 0
+
+    @property
+    def trace_hex(self) -> str | None:
+        return trace_hex(self.trace_id)
+
+    @property
+    def span_hex(self) -> str | None:
+        return span_hex(self.span_id)
 
     @property
     def finish_reason(self) -> str | None:

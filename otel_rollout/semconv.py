@@ -1,58 +1,66 @@
 """Names otel_rollout emits that the OpenTelemetry semantic conventions do not (yet) define.
 
-GenAI names come from ``opentelemetry.semconv`` wherever a constant exists; this module holds
-only our own ``rollout.*`` names, so a dashboard or a rule can be checked against one list.
+GenAI and error names come from ``opentelemetry.semconv`` wherever a constant exists; this module
+holds only our own ``rollout.*`` names, each once, so a dashboard or a rule can be checked against
+one list. Where a step-span attribute and a step metric mean the same figure they share one name.
 """
 
 from __future__ import annotations
 
-# --- request-level attributes -------------------------------------------------------------
+# --- spans ---------------------------------------------------------------------------------
+STEP_SPAN_NAME = "rollout.step"
+BATCH_SPAN_NAME = "rollout.batch"
+EVENT_FIRST_TOKEN = "gen_ai.first_token"
+"""Span event at the engine's first output token; its timestamp is the engine's, not ours."""
+
+# --- request attributes (spans; the finish reason also on metrics) --------------------------
+ROLLOUT_STEP = "rollout.step"
+"""The training step a request belongs to; also the baggage key that carries it across processes."""
 ROLLOUT_FINISH_REASON = "rollout.finish_reason"
 """One normalised finish reason per request on metrics (bounded: stop, length, abort, error)."""
 ROLLOUT_QUEUE_TIME = "rollout.request.queue_time"
+"""Queue time on the request span; also the name of the queue-time histogram."""
 ROLLOUT_TTFT = "rollout.request.time_to_first_token"
 ROLLOUT_CACHED_TOKENS = "rollout.usage.cached_tokens"
 ROLLOUT_TIMING_SOURCE = "rollout.timing.source"
 """Where the span's timestamps came from: ``engine``, ``engine_steps``, ``engine_latency``, ``observed`` (README)."""
 ROLLOUT_BATCH_SIZE = "rollout.batch.size"
-ROLLOUT_STEP = "rollout.step"
+ROLLOUT_STEP_ATTRIBUTE_PREFIX = "rollout.step."
+"""Extra keyword arguments of ``rollout_step(i, key=value)`` become ``rollout.step.key`` on the step span."""
 
-# --- request-level metrics (besides the GenAI semconv ones) -----------------------------
-METRIC_QUEUE_TIME = "rollout.request.queue_time"
+# --- request metrics (besides the GenAI semconv ones) --------------------------------------
 METRIC_ACTIVE = "rollout.requests.active"
-
-# --- step analytics ----------------------------------------------------------------------
-METRIC_STEP_DURATION = "rollout.step.duration"
-METRIC_STEP_TAIL_DURATION = "rollout.step.tail.duration"
-METRIC_STEP_TAIL_REQUESTS = "rollout.step.tail.requests"
-METRIC_STEP_STRAGGLER_RATIO = "rollout.step.straggler_ratio"
-METRIC_STEP_OUTPUT_TOKENS = "rollout.step.output_tokens"
-METRIC_STEP_TRUNCATION_RATIO = "rollout.step.truncation_ratio"
-METRIC_STEP_IDLE_CAPACITY = "rollout.step.idle_capacity"
-METRIC_STEP_IDLE_FRACTION = "rollout.step.idle_fraction"
-METRIC_STEP_REQUESTS = "rollout.step.requests"
 METRIC_ENGINE_BUSY_TIME = "rollout.engine.busy_time"
 METRIC_ENGINE_IDLE_TIME = "rollout.engine.idle_time"
 
+# --- step analytics: metric names, and step-span attributes where they share the name --------
+STEP_DURATION = "rollout.step.duration"
+STEP_REQUESTS = "rollout.step.requests"
+STEP_TAIL_DURATION = "rollout.step.tail.duration"
+STEP_TAIL_REQUESTS = "rollout.step.tail.requests"
+STEP_STRAGGLER_RATIO = "rollout.step.straggler_ratio"
+STEP_OUTPUT_TOKENS = "rollout.step.output_tokens"
+STEP_TRUNCATION_RATIO = "rollout.step.truncation_ratio"
+STEP_IDLE_CAPACITY = "rollout.step.idle_capacity"
+STEP_IDLE_FRACTION = "rollout.step.idle_fraction"
 ROLLOUT_STATISTIC = "rollout.statistic"
 """Which per-step statistic a ``rollout.step.output_tokens`` point is: ``max``, ``p50`` or ``p90``."""
 
-# --- step span attributes ----------------------------------------------------------------
-STEP_REQUESTS = "rollout.step.requests"
-STEP_TAIL_DURATION = "rollout.step.tail.duration_s"
-STEP_TAIL_REQUESTS = "rollout.step.tail.requests"
-STEP_TAIL_FRACTION = "rollout.step.tail.fraction"
-STEP_STRAGGLER_RATIO = "rollout.step.straggler_ratio"
-STEP_OUTPUT_TOKENS_MAX = "rollout.step.output_tokens.max"
-STEP_OUTPUT_TOKENS_P50 = "rollout.step.output_tokens.p50"
-STEP_OUTPUT_TOKENS_P90 = "rollout.step.output_tokens.p90"
-STEP_LATENCY_P50 = "rollout.step.latency.p50_s"
-STEP_LATENCY_P90 = "rollout.step.latency.p90_s"
-STEP_LATENCY_MAX = "rollout.step.latency.max_s"
-STEP_TRUNCATION_RATIO = "rollout.step.truncation_ratio"
-STEP_IDLE_CAPACITY = "rollout.step.idle_capacity_s"
-STEP_IDLE_FRACTION = "rollout.step.idle_fraction"
-STEP_PEAK_ACTIVE = "rollout.step.peak_active"
+# --- step-span attributes with a unit suffix (span attributes carry no unit of their own) ---
+STEP_ATTR_TAIL_DURATION = "rollout.step.tail.duration_s"
+STEP_ATTR_TAIL_FRACTION = "rollout.step.tail.fraction"
+STEP_ATTR_OUTPUT_TOKENS_MAX = "rollout.step.output_tokens.max"
+STEP_ATTR_OUTPUT_TOKENS_P50 = "rollout.step.output_tokens.p50"
+STEP_ATTR_OUTPUT_TOKENS_P90 = "rollout.step.output_tokens.p90"
+STEP_ATTR_LATENCY_P50 = "rollout.step.latency.p50_s"
+STEP_ATTR_LATENCY_P90 = "rollout.step.latency.p90_s"
+STEP_ATTR_LATENCY_MAX = "rollout.step.latency.max_s"
+STEP_ATTR_IDLE_CAPACITY = "rollout.step.idle_capacity_s"
+STEP_ATTR_PEAK_ACTIVE = "rollout.step.peak_active"
+STEP_PARTIAL = "rollout.step.partial"
+"""True on a step some of whose remote calls never reported their requests (figures are partial)."""
+STEP_MISSING_CALLS = "rollout.step.missing_calls"
 
-EVENT_FIRST_TOKEN = "gen_ai.first_token"
-"""Span event at the engine's first output token; its timestamp is the engine's, not ours."""
+# --- baggage ---------------------------------------------------------------------------------
+BAGGAGE_STEP_KEY = "rollout.step.key"
+"""An open step's unique key, so requests in other processes can be reported back to it."""

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from otel_rollout.instrumentation import EngineInstrumentor, Target, watch_global_tracer_provider
+from otel_rollout.instrumentation import (
+    EngineInstrumentor,
+    Target,
+    watch_global_tracer_provider,
+)
 from otel_rollout.sglang import adapter
 from otel_rollout.telemetry import Telemetry
 
@@ -18,9 +22,9 @@ class SGLangInstrumentor(EngineInstrumentor):
     def targets(self, telemetry: Telemetry) -> list[Target]:
         engine = "sglang.srt.entrypoints.engine"
         return [
-            ("sglang.srt.managers.tokenizer_manager", "TokenizerManager.generate_request",
+            Target("sglang.srt.managers.tokenizer_manager", "TokenizerManager.generate_request",
              adapter.generate_request_wrapper(telemetry)),
-            (engine, "Engine.generate", adapter.engine_wrapper),
-            (engine, "Engine.async_generate", adapter.async_engine_wrapper),
-            (engine, "Engine.__init__", watch_global_tracer_provider(self.engine_name)),
+            Target(engine, "Engine.generate", adapter.engine_wrapper),
+            Target(engine, "Engine.async_generate", adapter.async_engine_wrapper),
+            Target(engine, "Engine.__init__", watch_global_tracer_provider(self.engine_name)),
         ]

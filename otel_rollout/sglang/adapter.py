@@ -42,7 +42,13 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
 from otel_rollout.instrumentation import Wrapper, should_observe
-from otel_rollout.record import Clock, RequestRecord, model_label, normalize_finish_reason
+from otel_rollout.record import (
+    Clock,
+    RequestRecord,
+    model_label,
+    normalize_finish_reason,
+)
+from otel_rollout.steps import batch_in_step
 from otel_rollout.streams import ObservedAsyncStream
 from otel_rollout.telemetry import Telemetry
 
@@ -124,7 +130,7 @@ class BatchScope:
     def __init__(self, telemetry: Telemetry, model: str, size: int) -> None:
         self._telemetry = telemetry
         self._ctx = contextvars.copy_context()
-        self._cm: AbstractContextManager[Context] = telemetry.batch(model, OPERATION, size)
+        self._cm: AbstractContextManager[Context] = batch_in_step(telemetry, model, OPERATION, size)
         self.parent: Context = self._ctx.run(self._cm.__enter__)
         self._open = True
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from otel_rollout.instrumentation import EngineInstrumentor, Target, watch_global_tracer_provider
+from otel_rollout.instrumentation import (
+    EngineInstrumentor,
+    Target,
+    watch_global_tracer_provider,
+)
 from otel_rollout.telemetry import Telemetry
 from otel_rollout.vllm import adapter
 
@@ -19,13 +23,13 @@ class VLLMInstrumentor(EngineInstrumentor):
         watch = watch_global_tracer_provider(self.engine_name)
         processor = "vllm.v1.engine.output_processor"
         return [
-            ("vllm.entrypoints.llm", "LLM.generate",
+            Target("vllm.entrypoints.llm", "LLM.generate",
              adapter.offline_wrapper(telemetry, "text_completion")),
-            ("vllm.entrypoints.llm", "LLM.chat", adapter.offline_wrapper(telemetry, "chat")),
-            (processor, "OutputProcessor.add_request", adapter.add_request_wrapper),
-            (processor, "OutputProcessor.process_outputs", adapter.process_outputs_wrapper),
-            ("vllm.v1.engine.async_llm", "AsyncLLM.generate",
+            Target("vllm.entrypoints.llm", "LLM.chat", adapter.offline_wrapper(telemetry, "chat")),
+            Target(processor, "OutputProcessor.add_request", adapter.add_request_wrapper),
+            Target(processor, "OutputProcessor.process_outputs", adapter.process_outputs_wrapper),
+            Target("vllm.v1.engine.async_llm", "AsyncLLM.generate",
              adapter.async_generate_wrapper(telemetry)),
-            ("vllm.v1.engine.async_llm", "AsyncLLM.__init__", watch),
-            ("vllm.v1.engine.llm_engine", "LLMEngine.__init__", watch),
+            Target("vllm.v1.engine.async_llm", "AsyncLLM.__init__", watch),
+            Target("vllm.v1.engine.llm_engine", "LLMEngine.__init__", watch),
         ]

@@ -20,7 +20,13 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
 from otel_rollout.instrumentation import Wrapper, observing, should_observe
-from otel_rollout.record import Clock, RequestRecord, model_label, normalize_finish_reason
+from otel_rollout.record import (
+    Clock,
+    RequestRecord,
+    model_label,
+    normalize_finish_reason,
+)
+from otel_rollout.steps import batch_in_step
 from otel_rollout.streams import ObservedAsyncStream
 from otel_rollout.telemetry import Telemetry
 
@@ -136,7 +142,7 @@ def offline_wrapper(telemetry: Telemetry, operation: str) -> Wrapper:
         start_ns = clock.now_ns()
         stats_on = bool(getattr(getattr(instance, "llm_engine", None), "log_stats", False))
         times = None if stats_on else StepTimes()
-        with telemetry.batch(model, operation, size) as batch_ctx:
+        with batch_in_step(telemetry, model, operation, size) as batch_ctx:
             ctx = batch_ctx if times is None else otel_context.set_value(_STEP_TIMES, times,
                                                                         batch_ctx)
             telemetry.requests_started(model, operation, size)

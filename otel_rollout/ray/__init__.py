@@ -21,26 +21,25 @@ module can be imported by the ``worker_process_setup_hook`` cheaply in every wor
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
 import logging
 import os
-import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import Token
 from typing import Any, TypeVar, cast
 
-from opentelemetry import baggage, metrics, propagate, trace
 from opentelemetry import context as otel_context
-from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from otel_rollout import semconv as R
-from otel_rollout.ids import UrandomIdGenerator
-from otel_rollout.steps import step_number
+from otel_rollout.propagation import extract_context, inject_context
+
+__all__ = [
+    "SETUP_HOOK", "continue_context", "extract_context", "flushing", "force_flush", "inject_context",
+    "receives_context", "runtime_env", "setup_worker",
+]
+from otel_rollout.sdk import configure_from_environment, force_flush
 
 _logger = logging.getLogger(__name__)
 
@@ -55,48 +54,11 @@ SETUP_HOOK = "otel_rollout.ray.setup_worker"
 ENV_PREFIXES = ("OTEL_",)
 """Environment variables that configure OpenTelemetry and otel_rollout (``OTEL_ROLLOUT_*``)."""
 
-INSTRUMENT_ENV = "OTEL_ROLLOUT_RAY_INSTRUMENT"
-"""Comma-separated engines :func:`setup_worker` instruments (default ``vllm,sglang``; ``none``)."""
-
-_W3C = (TraceContextTextMapPropagator(), W3CBaggagePropagator())
 _setup_lock = threading.Lock()
 _setup_done = False
 
 
 # --- context across .remote() ------------------------------------------------------------------
-
-def inject_context(carrier: dict[str, str] | None = None, *, step: int | None = None,
-                   context: Context | None = None) -> dict[str, str]:
-    """The current trace context (and ``rollout.step`` baggage) as a picklable ``dict``.
-
-    Call it on the driver inside ``rollout_step(i)`` and pass the result to the actor. The
-    configured global propagators run first (so B3 or vendor headers a user chose are kept), then
-    W3C ``traceparent`` and ``baggage`` are added if those propagators did not write them:
-    :func:`continue_context` relies on them, whatever ``OTEL_PROPAGATORS`` says. ``step``
-    overrides the step number; by default it is the open step's.
-    """
-    out: dict[str, str] = {} if carrier is None else carrier
-    ctx = context if context is not None else otel_context.get_current()
-    number = step if step is not None else step_number(ctx)
-    if number is not None:
-        ctx = baggage.set_baggage(R.ROLLOUT_STEP, str(number), ctx)
-    propagate.inject(out, context=ctx)
-    for propagator in _W3C:
-        if not set(propagator.fields) & set(out):
-            propagator.inject(out, context=ctx)
-    return out
-
-
-def extract_context(carrier: Mapping[str, str] | None) -> Context:
-    """The driver's context from a carrier made by :func:`inject_context` (empty if ``None``)."""
-    ctx = propagate.extract(carrier or {})
-    if carrier:
-        if not trace.get_current_span(ctx).get_span_context().is_valid:
-            ctx = _W3C[0].extract(carrier, context=ctx)
-        if not baggage.get_all(ctx):
-            ctx = _W3C[1].extract(carrier, context=ctx)
-    return ctx
-
 
 def continue_context(carrier: Mapping[str, str] | None, *, flush: bool = False) -> ContinuedContext:
     """``with continue_context(carrier):`` in an actor: the driver's step is the parent there.
@@ -229,6 +191,8 @@ def runtime_env(base: Mapping[str, Any] | None = None, *, env_vars: Mapping[str,
     source = os.environ if environ is None else environ
     merged: dict[str, Any] = dict(base or {})
     values = {k: v for k, v in source.items() if k.startswith(ENV_PREFIXES)}
+    if RESOURCE_ATTRIBUTES in values:
+        values[RESOURCE_ATTRIBUTES] = _without_instance_id(values[RESOURCE_ATTRIBUTES])
     values.update(dict(merged.get("env_vars") or {}))
     values.update(dict(env_vars or {}))
     merged["env_vars"] = values
@@ -242,24 +206,31 @@ def runtime_env(base: Mapping[str, Any] | None = None, *, env_vars: Mapping[str,
     return merged
 
 
-def setup_worker(engines: Sequence[str] | None = None) -> None:
+RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
+RESOURCE_DETECTORS = "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS"
+WORKER_DETECTORS = "process,host"
+"""What tells one worker from another: pid, host (the SDK adds a fresh ``service.instance.id``)."""
+
+
+def _without_instance_id(attributes: str) -> str:
+    """The driver's resource attributes minus ``service.instance.id``: copied to every worker,
+    it would make all their series identical and collide in the Collector's exporter."""
+    kept = [item for item in attributes.split(",")
+            if item.split("=", 1)[0].strip() != "service.instance.id"]
+    return ",".join(kept)
+
+
+def setup_worker() -> None:
     """Set up OpenTelemetry in a Ray worker from its environment; safe to call more than once.
 
-    What ``opentelemetry-instrument`` does for the driver, done for a worker process Ray started:
-
-    1. unless a global SDK ``TracerProvider`` is already installed (e.g. the driver ran under
-       ``opentelemetry-instrument`` and the worker inherited its ``PYTHONPATH`` hook), install
-       tracer and meter providers whose exporters follow ``OTEL_TRACES_EXPORTER`` /
-       ``OTEL_METRICS_EXPORTER`` (``otlp``, ``console``, ``none``; default ``otlp`` when an OTLP
-       endpoint is configured — what ``opentelemetry-distro`` defaults to — else none) and
-       ``OTEL_EXPORTER_OTLP_*PROTOCOL`` (``grpc`` or ``http/protobuf``); the SDK reads the
-       sampler, resource, batch and export-interval variables itself;
-    2. instrument the engines (``OTEL_ROLLOUT_RAY_INSTRUMENT``, default ``vllm,sglang``): at
-       once if the engine is already imported, otherwise when the worker first imports it.
-       Deferring matters: most Ray workers never touch the engine, and importing vLLM costs
-       seconds per process.
-
-    Failures are logged, never raised: a worker must not die because telemetry could not start.
+    What ``opentelemetry-instrument`` does for the driver, done for a worker process Ray started
+    (:func:`otel_rollout.sdk.configure_from_environment`): the distro's configurator installs the
+    providers and exporters the ``OTEL_*`` variables ask for, and every installed instrumentor —
+    the engines' among them, found through their entry points — is applied, minus
+    ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS``. Engines are patched only when the worker imports
+    them, so workers that never touch an engine pay nothing for it. Nothing happens if the worker
+    inherited ``opentelemetry-instrument``'s start-up hook. Failures are logged, never raised: a
+    worker must not die because telemetry could not start.
     """
     global _setup_done
     with _setup_lock:
@@ -267,161 +238,11 @@ def setup_worker(engines: Sequence[str] | None = None) -> None:
             return
         _setup_done = True
     try:
-        configure_sdk()
+        os.environ.setdefault(RESOURCE_DETECTORS, WORKER_DETECTORS)
+        configure_from_environment()
     except Exception:
         _logger.warning("otel_rollout: could not set up OpenTelemetry in this Ray worker; "
                         "its spans and metrics are not exported", exc_info=True)
-    names = engines
-    if names is None:
-        raw = os.environ.get(INSTRUMENT_ENV, "vllm,sglang")
-        names = [] if raw.strip().lower() == "none" else [n.strip() for n in raw.split(",") if n.strip()]
-    for name in names:
-        _instrument_when_imported(name)
-
-
-def _exporter_names(signal: str) -> list[str]:
-    raw = os.environ.get(f"OTEL_{signal.upper()}_EXPORTER")
-    if raw is None or not raw.strip():
-        endpoint = (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-                    or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"))
-        return ["otlp"] if endpoint else []
-    return [n.strip().lower() for n in raw.split(",") if n.strip() and n.strip().lower() != "none"]
-
-
-def _protocol(signal: str) -> str:
-    return (os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL")
-            or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc").strip().lower()
-
-
-def _span_exporter(name: str) -> Any:
-    if name == "console":
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-        return ConsoleSpanExporter()
-    if name == "otlp" and _protocol("traces").startswith("http"):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter()
-    if name == "otlp":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
-
-        return Grpc()
-    _logger.warning("otel_rollout: OTEL_TRACES_EXPORTER=%s is not supported in Ray workers "
-                    "(otlp, console, none)", name)
-    return None
-
-
-def _metric_exporter(name: str) -> Any:
-    if name == "console":
-        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
-
-        return ConsoleMetricExporter()
-    if name == "otlp" and _protocol("metrics").startswith("http"):
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-        return OTLPMetricExporter()
-    if name == "otlp":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-            OTLPMetricExporter as Grpc,
-        )
-
-        return Grpc()
-    _logger.warning("otel_rollout: OTEL_METRICS_EXPORTER=%s is not supported in Ray workers "
-                    "(otlp, console, none)", name)
-    return None
-
-
-def configure_sdk() -> None:
-    """Install SDK tracer/meter providers exporting per the ``OTEL_*`` environment, if none is set.
-
-    Step 1 of :func:`setup_worker`, usable in any process: ``opentelemetry-instrument`` only
-    configures exporters when ``opentelemetry-distro`` (or another configurator) is installed,
-    and silently exports nothing otherwise.
-    """
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    resource = Resource.create({"process.pid": os.getpid()})
-    if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        tracer_provider = TracerProvider(resource=resource, id_generator=UrandomIdGenerator())
-        for name in _exporter_names("traces"):
-            if (span_exporter := _span_exporter(name)) is not None:
-                tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
-        trace.set_tracer_provider(tracer_provider)
-    if not isinstance(metrics.get_meter_provider(), MeterProvider):
-        readers = [PeriodicExportingMetricReader(exporter) for name in _exporter_names("metrics")
-                   if (exporter := _metric_exporter(name)) is not None]
-        metrics.set_meter_provider(MeterProvider(metric_readers=readers, resource=resource))
-
-
-def _instrument_when_imported(name: str) -> None:
-    factory = _INSTRUMENTORS.get(name)
-    if factory is None:
-        _logger.warning("otel_rollout: unknown engine %r in %s (vllm, sglang)", name, INSTRUMENT_ENV)
-        return
-    if name not in sys.modules and importlib.util.find_spec(name) is None:
-        return  # not installed in this worker's environment: nothing to do, nothing to import
-
-    def instrument(_module: object = None) -> None:
-        try:
-            instrumentor = factory()
-            if not instrumentor.is_instrumented_by_opentelemetry:
-                instrumentor.instrument()
-        except Exception:
-            _logger.warning("otel_rollout: instrumenting %s in a Ray worker failed", name,
-                            exc_info=True)
-
-    if name in sys.modules:
-        instrument()
-    else:
-        import wrapt
-
-        wrapt.register_post_import_hook(instrument, name)
-
-
-def _vllm_instrumentor() -> Any:
-    from otel_rollout.vllm import VLLMInstrumentor
-
-    return VLLMInstrumentor()
-
-
-def _sglang_instrumentor() -> Any:
-    from otel_rollout.sglang import SGLangInstrumentor
-
-    return SGLangInstrumentor()
-
-
-_INSTRUMENTORS: dict[str, Callable[[], Any]] = {
-    "vllm": _vllm_instrumentor,
-    "sglang": _sglang_instrumentor,
-}
-
-
-def force_flush(timeout_s: float = 30.0) -> bool:
-    """Export the spans and metric points this process still holds; ``True`` if all went out.
-
-    The SDK batches spans and exports metrics periodically; an actor that Ray kills (``ray.kill``,
-    ``ray.shutdown()``, the job ending) loses whatever was still buffered, atexit handlers
-    included. Call it at the end of an actor's work — e.g. from a ``shutdown()`` method the
-    driver calls before dropping the actor — or use ``continue_context(..., flush=True)``.
-    """
-    millis = int(timeout_s * 1000)
-    ok = True
-    for provider in (trace.get_tracer_provider(), metrics.get_meter_provider()):
-        flush = getattr(provider, "force_flush", None)
-        if flush is None:
-            continue
-        try:
-            result = flush(millis)
-        except Exception:
-            _logger.warning("otel_rollout: force_flush failed", exc_info=True)
-            ok = False
-            continue
-        ok = ok and result is not False
-    return ok
 
 
 @contextmanager

@@ -1,11 +1,8 @@
-"""Step reports for people without a tracing backend: a JSON line per step, a PNG per step.
+"""The step picture: a waterfall of the step's requests beside its response-length histogram.
 
-A step's long tail is a picture before it is a number: a waterfall of the step's requests shows at
-once whether the step waited on one runaway response or on a slow engine, and whether the engine
-sat half empty meanwhile. :func:`step_entry` freezes what a step saw (its analytics and every
-request's timeline) into plain JSON, so the same picture can be drawn live
-(``OTEL_ROLLOUT_REPORT_DIR``) or later from the log (``OTEL_ROLLOUT_STEP_LOG`` +
-``otel-rollout report``) on a machine that never ran the engine.
+A step's long tail is a picture before it is a number: a waterfall shows at once whether the step
+waited on one runaway response or on a slow engine, and whether the engine sat half empty
+meanwhile.
 
 matplotlib is optional (``pip install otel-rollout[report]``) and only imported when a PNG is
 drawn; it is driven through its object API on the Agg canvas, never through ``pyplot``, so drawing
@@ -15,31 +12,18 @@ thread-safe; steps can end on any thread).
 
 from __future__ import annotations
 
-import json
-import logging
 import os
-import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from otel_rollout.record import FINISH_LENGTH, RequestRecord
+from otel_rollout.record import FINISH_LENGTH
+from otel_rollout.reports.steplog import read_log
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
-    from opentelemetry.trace import SpanContext
-
-    from otel_rollout.steps import StepStats
-
-_logger = logging.getLogger(__name__)
-
-ENTRY_VERSION = 1
-"""Bumped when a field changes meaning, so ``render_log`` can refuse a log it would misdraw."""
 
 INSTALL_HINT = "pip install otel-rollout[report]"
-
-_LOG_LOCK = threading.Lock()
 
 # Colours: queued / waiting for the first token / decoding, and the tail in warm tones.
 _C_QUEUE = "#c7c7c7"
@@ -49,111 +33,6 @@ _C_TAIL_DECODE = "#e6550d"
 _C_STRAGGLER = "#a50f15"
 _C_TAIL_SPAN = "#fdd0a2"
 _C_TRUNCATED = "#756bb1"
-
-
-# --- the entry ---------------------------------------------------------------------------------
-
-def _ids(span_context: SpanContext | None) -> tuple[str | None, str | None]:
-    if span_context is None or not span_context.is_valid:
-        return None, None
-    return format(span_context.trace_id, "032x"), format(span_context.span_id, "016x")
-
-
-def step_entry(
-    step: int | None,
-    stats: StepStats,
-    records: Sequence[RequestRecord | tuple[RequestRecord, SpanContext | None]],
-) -> dict[str, Any]:
-    """One step as plain JSON: its analytics and every request's timeline.
-
-    Times of requests are nanoseconds relative to the step's first arrival (``t0_unix_ns``), which
-    keeps lines short and makes the log diffable across runs; ``t0_unix_ns`` is kept so a request
-    can still be found in a tracing backend by time. ``records`` may carry each request's span
-    context (``(record, span_context)`` pairs, as :class:`~otel_rollout.steps.StepScope` observes
-    them); with bare records, only the stragglers get trace and span ids, matched from
-    ``stats.stragglers`` by latency and length.
-    """
-    pairs: list[tuple[RequestRecord, SpanContext | None]] = [
-        r if isinstance(r, tuple) else (r, None) for r in records]
-    t0 = min((r.arrival_ns for r, _ in pairs), default=0)
-    straggler_ids = _straggler_ids(stats)
-    requests = []
-    for record, span_context in pairs:
-        trace_id, span_id = _ids(span_context)
-        if trace_id is None:
-            trace_id, span_id = straggler_ids.pop(_straggler_key(record.duration_s,
-                                                                 record.output_tokens),
-                                                  (None, None))
-        requests.append({
-            "arrival_ns": record.arrival_ns - t0,
-            "scheduled_ns": None if record.scheduled_ns is None else record.scheduled_ns - t0,
-            "first_token_ns": None if record.first_token_ns is None else record.first_token_ns - t0,
-            "finish_ns": record.finish_ns - t0,
-            "prompt_tokens": record.prompt_tokens,
-            "output_tokens": record.output_tokens,
-            "max_tokens": record.max_tokens,
-            "finish_reason": record.finish_reason,
-            "request_id": record.request_id,
-            "model": record.model,
-            "trace_id": trace_id,
-            "span_id": span_id,
-        })
-    stats_dict = asdict(stats)
-    stats_dict["tail_fraction"] = stats.tail_fraction
-    stats_dict["tail_start_ns"] = stats.tail_start_ns - t0
-    trace_ids = {r["trace_id"] for r in requests if r["trace_id"]}
-    return {
-        "version": ENTRY_VERSION,
-        "step": step,
-        "t0_unix_ns": t0,
-        "trace_id": trace_ids.pop() if len(trace_ids) == 1 else None,
-        "stats": stats_dict,
-        "requests": requests,
-    }
-
-
-def _straggler_key(duration_s: float, tokens: int | None) -> tuple[int, int | None]:
-    return round(duration_s * 1e6), tokens
-
-
-def _straggler_ids(stats: StepStats) -> dict[tuple[int, int | None], tuple[str | None, str | None]]:
-    return {_straggler_key(s.duration_s, s.output_tokens): (s.trace_id or None, s.span_id or None)
-            for s in stats.stragglers}
-
-
-def append_step_log(path: str | os.PathLike[str], entry: Mapping[str, Any]) -> None:
-    """Append ``entry`` as one JSON line.
-
-    One ``write`` of a whole line on an append-mode file, under a lock: steps ending on several
-    threads never interleave, and a crash leaves at most one torn last line, which
-    :func:`read_log` skips.
-    """
-    line = json.dumps(entry, separators=(",", ":"), allow_nan=False) + "\n"
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with _LOG_LOCK, open(target, "a", encoding="utf-8") as fh:
-        fh.write(line)
-
-
-def read_log(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """The entries of a step log; unreadable lines are skipped with a warning, not fatal.
-
-    A training job that was killed mid-write must still have its earlier steps rendered.
-    """
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                _logger.warning("otel_rollout: %s line %d is not JSON; skipped", path, number)
-                continue
-            if not isinstance(entry, dict) or entry.get("version") != ENTRY_VERSION:
-                _logger.warning("otel_rollout: %s line %d is not a version-%d step entry; skipped",
-                                path, number, ENTRY_VERSION)
-                continue
-            yield entry
 
 
 def render_log(path: str | os.PathLike[str], outdir: str | os.PathLike[str],

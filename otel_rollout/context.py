@@ -1,0 +1,57 @@
+"""Where a request finds its training step: the OpenTelemetry context, and baggage across processes.
+
+An open step lives in the context as a :class:`StepCollector` (in the process that opened it)
+and as ``rollout.step`` baggage (everywhere the context was propagated to: Ray actors, engine
+servers). The emitter asks this module which step a request belongs to; it never needs to know
+how the step was opened.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, cast
+
+from opentelemetry import baggage
+from opentelemetry import context as otel_context
+
+from otel_rollout.semconv import ROLLOUT_STEP
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+
+    from otel_rollout.record import RequestRecord
+
+_STEP_KEY = otel_context.create_key("otel_rollout.step")
+
+
+class StepCollector(Protocol):
+    """What the emitter needs of an open step: its number, and a place for finished requests."""
+
+    step: int | None
+
+    def observe(self, record: RequestRecord) -> None: ...
+
+
+def current_step(ctx: Context | None = None) -> StepCollector | None:
+    """The step collecting this context's requests, if one is open in this process."""
+    return cast("StepCollector | None", otel_context.get_value(_STEP_KEY, ctx))
+
+
+def step_number(ctx: Context | None = None) -> int | None:
+    """The step of this context: a local step scope, else ``rollout.step`` baggage (other processes)."""
+    step = current_step(ctx)
+    if step is not None:
+        return step.step
+    value = baggage.get_baggage(ROLLOUT_STEP, ctx)
+    try:
+        return int(str(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def with_step(collector: StepCollector, ctx: Context) -> Context:
+    """``ctx`` with ``collector`` as its open step; the step number also goes into baggage."""
+    ctx = otel_context.set_value(_STEP_KEY, collector, ctx)
+    if collector.step is not None:
+        # Baggage carries the step number to processes that only receive the propagated context.
+        ctx = baggage.set_baggage(ROLLOUT_STEP, str(collector.step), ctx)
+    return ctx

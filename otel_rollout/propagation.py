@@ -1,0 +1,56 @@
+"""W3C context in a plain ``dict``: what crosses a process boundary (Ray calls, HTTP headers).
+
+Whatever ``OTEL_PROPAGATORS`` says, the W3C ``traceparent`` and ``baggage`` entries are always
+written and read as well: the receiving side of otel_rollout relies on them, and ``rollout.step``
+travels as baggage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from opentelemetry import baggage, propagate, trace
+from opentelemetry import context as otel_context
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.context import Context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from otel_rollout.context import step_number
+from otel_rollout.semconv import ROLLOUT_STEP
+
+_W3C = (TraceContextTextMapPropagator(), W3CBaggagePropagator())
+
+
+def inject_context(carrier: dict[str, str] | None = None, *, step: int | None = None,
+                   context: Context | None = None) -> dict[str, str]:
+    """The current trace context (and ``rollout.step`` baggage) as a picklable ``dict``.
+
+    Call it on the driver inside ``rollout_step(i)`` and pass the result to the actor. The
+    configured global propagators run first (so B3 or vendor headers a user chose are kept), then
+    W3C ``traceparent`` and ``baggage`` are added if those propagators did not write them:
+    :func:`continue_context` relies on them, whatever ``OTEL_PROPAGATORS`` says. ``step``
+    overrides the step number; by default it is the open step's.
+    """
+    out: dict[str, str] = {} if carrier is None else carrier
+    ctx = context if context is not None else otel_context.get_current()
+    number = step if step is not None else step_number(ctx)
+    if number is not None:
+        ctx = baggage.set_baggage(ROLLOUT_STEP, str(number), ctx)
+    propagate.inject(out, context=ctx)
+    for propagator in _W3C:
+        if not set(propagator.fields) & set(out):
+            propagator.inject(out, context=ctx)
+    return out
+
+
+def extract_context(carrier: Mapping[str, str] | None) -> Context:
+    """The driver's context from a carrier made by :func:`inject_context` (empty if ``None``)."""
+    ctx = propagate.extract(carrier or {})
+    if carrier:
+        if not trace.get_current_span(ctx).get_span_context().is_valid:
+            ctx = _W3C[0].extract(carrier, context=ctx)
+        if not baggage.get_all(ctx):
+            ctx = _W3C[1].extract(carrier, context=ctx)
+    return ctx
+
+

@@ -1,0 +1,175 @@
+"""``RayInstrumentor``: trace context and the step cross ``.remote()`` calls with no code change.
+
+Ray already gives every actor method a hidden keyword parameter, ``_ray_trace_ctx``: its
+``_inject_tracing_into_class`` adds it to each method's signature whether or not Ray's own (alpha,
+unmaintained) tracing is on, and drops the value when it is off. We use that channel rather than
+inventing one:
+
+* caller side (``ActorHandle._actor_method_call``, where every ``actor.method.remote()`` ends up,
+  after Ray's own checks): when the caller is inside a span or a step and Ray's tracing is off,
+  the W3C context (``traceparent`` + ``baggage`` with ``rollout.step``) goes into
+  ``_ray_trace_ctx``; with Ray's tracing on, Ray injects it itself and we add nothing — one
+  propagation, never two;
+* callee side (the two places Ray builds an actor class, driver and worker): each method Ray
+  wrapped is wrapped once more to take ``_ray_trace_ctx`` first, attach that context around the
+  method (sync and async methods; any depth, since the callee is a caller in turn) and report the
+  step's records back (:mod:`otel_rollout.ray.steps`). Ray's own consumer span is then not made;
+  its producer span, if Ray tracing is on, stays the parent;
+* ``ray.init``: the job's ``runtime_env`` gets the driver's ``OTEL_*`` settings and the worker
+  set-up hook (:func:`otel_rollout.ray.setup_worker`), so workers on every node are configured and
+  instrumented as the driver is.
+
+Tasks (``@ray.remote`` functions) are not covered: Ray gives them no such parameter when its
+tracing is off. Pass ``otel_context=inject_context()`` to a ``@receives_context`` function there.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry import trace
+
+from otel_rollout.context import current_step
+from otel_rollout.guard import LogOnce
+from otel_rollout.instrumentation import LibraryInstrumentor, Target
+from otel_rollout.propagation import inject_context
+from otel_rollout.ray.steps import (
+    RayStepChannel,
+    call_started,
+    remote_call,
+    remote_call_async,
+    step_key,
+)
+from otel_rollout.steps import register_channel, unregister_channel
+
+CTX_KWARG = "_ray_trace_ctx"
+_MARK = "__otel_rollout_wrapped__"
+_log = LogOnce()
+
+
+def _ray_tracing_on() -> bool:
+    from ray.util.tracing import tracing_helper
+
+    return bool(tracing_helper._is_tracing_enabled())
+
+
+def _worth_propagating() -> bool:
+    """Only calls made inside a span or a step carry a context; Ray's own calls stay untouched."""
+    return (trace.get_current_span().get_span_context().is_valid or current_step() is not None
+            or step_key() is not None)
+
+
+def actor_call_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> Any:
+    """``ActorHandle._actor_method_call(method_name, args, kwargs, ...)``: add the context."""
+    with _log.guard("ray actor call"):
+        args, kwargs = _with_context(instance, args, kwargs)
+    return wrapped(*args, **kwargs)
+
+
+def _with_context(handle: Any, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if not _worth_propagating() or getattr(handle, "_ray_is_cross_language", False):
+        return args, kwargs
+    method = args[0] if args else kwargs.get("method_name")
+    signature = getattr(handle, "_ray_method_signatures", {}).get(method) or ()
+    if not any(getattr(p, "name", None) == CTX_KWARG for p in signature):
+        return args, kwargs  # a method Ray gave no context parameter (generators, Ray's own)
+    call_started()
+    if _ray_tracing_on():
+        return args, kwargs  # Ray injects the same context itself
+    if len(args) > 2:
+        call_kwargs = dict(args[2] or {})
+        if CTX_KWARG not in call_kwargs:
+            call_kwargs[CTX_KWARG] = inject_context()
+        return (*args[:2], call_kwargs, *args[3:]), kwargs
+    call_kwargs = dict(kwargs.get("kwargs") or {})
+    if CTX_KWARG not in call_kwargs:
+        call_kwargs[CTX_KWARG] = inject_context()
+    return args, {**kwargs, "kwargs": call_kwargs}
+
+
+def class_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> Any:
+    """``_inject_tracing_into_class(cls)``: after Ray, make each traced method continue the caller."""
+    result = wrapped(*args, **kwargs)
+    with _log.guard("ray actor class"):
+        cls = args[0] if args else kwargs.get("_cls")
+        for name, method in inspect.getmembers(cls, inspect.isfunction):
+            if getattr(method, "__ray_tracing_wrapped__", False) and not getattr(method, _MARK, False):
+                setattr(cls, name, _continuing(method))
+    return result
+
+
+def _continuing(method: Callable[..., Any]) -> Callable[..., Any]:
+    if inspect.iscoroutinefunction(method):
+        @functools.wraps(method)
+        async def async_call(self: Any, *args: Any, _ray_trace_ctx: Any = None, **kwargs: Any) -> Any:
+            if not _ray_trace_ctx:
+                return await method(self, *args, **kwargs)
+            async with remote_call_async(_ray_trace_ctx):
+                return await method(self, *args, **kwargs)
+        call: Callable[..., Any] = async_call
+    else:
+        @functools.wraps(method)
+        def sync_call(self: Any, *args: Any, _ray_trace_ctx: Any = None, **kwargs: Any) -> Any:
+            if not _ray_trace_ctx:
+                return method(self, *args, **kwargs)
+            with remote_call(_ray_trace_ctx):
+                return method(self, *args, **kwargs)
+        call = sync_call
+    setattr(call, _MARK, True)
+    return call
+
+
+def init_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Any:
+    """``ray.init``: give the job's workers the driver's telemetry settings and set-up hook."""
+    with _log.guard("ray.init runtime_env"):
+        kwargs = {**kwargs, "runtime_env": _job_runtime_env(kwargs.get("runtime_env"))}
+    return wrapped(*args, **kwargs)
+
+
+def _job_runtime_env(given: Any) -> Any:
+    from otel_rollout.ray import RESOURCE_DETECTORS, SETUP_HOOK, WORKER_DETECTORS, runtime_env
+
+    base = dict(given or {})
+    hook = base.get("worker_process_setup_hook")
+    if hook not in (None, SETUP_HOOK):
+        _log.warn("ray setup hook", "otel_rollout: the job's runtime_env already has "
+                  "worker_process_setup_hook=%r; workers are not set up by otel_rollout (call "
+                  "otel_rollout.ray.setup_worker() from that hook)", hook)
+        return given
+    env = runtime_env(base)
+    # Workers that inherit opentelemetry-instrument's start-up hook configure the SDK before our
+    # set-up hook runs; the detectors that tell them apart must already be in their environment.
+    env["env_vars"].setdefault(RESOURCE_DETECTORS, WORKER_DETECTORS)
+    return env
+
+
+class RayInstrumentor(LibraryInstrumentor):
+    """Zero-code Ray: context and steps across actor calls, workers set up like the driver."""
+
+    engine_module = "ray"
+    engine_name = "Ray"
+    min_version = (2, 9)
+
+    def _targets(self) -> list[Target]:
+        return [
+            Target("ray.actor", "ActorHandle._actor_method_call", actor_call_wrapper),
+            Target("ray.actor", "_inject_tracing_into_class", class_wrapper),
+            Target("ray._private.function_manager", "_inject_tracing_into_class", class_wrapper),
+            Target("ray", "init", init_wrapper),
+        ]
+
+    def _prepare(self, **kwargs: Any) -> LogOnce:
+        self._channel = RayStepChannel()
+        register_channel(self._channel)
+        return _log
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        super()._uninstrument(**kwargs)
+        unregister_channel(self._channel)

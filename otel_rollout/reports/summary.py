@@ -1,0 +1,24 @@
+"""The terminal view of a step, for users without a metrics stack: one headline, then the stragglers."""
+
+from __future__ import annotations
+
+from otel_rollout.analysis import StepStats
+
+
+def format_summary(step: int | None, stats: StepStats) -> str:
+    label = f"step {step}" if step is not None else "step"
+    lines = [
+        f"[otel_rollout] {label}: {stats.requests} requests in {stats.duration_s:.2f} s | "
+        f"latency p50 {stats.latency_p50_s:.2f} s p90 {stats.latency_p90_s:.2f} s "
+        f"max {stats.latency_max_s:.2f} s | length p50 {stats.output_tokens_p50} "
+        f"p90 {stats.output_tokens_p90} max {stats.output_tokens_max} tokens",
+        f"  tail: {stats.tail_duration_s:.2f} s ({stats.tail_fraction:.0%} of the step) after "
+        f"{stats.tail_quantile:.0%} had finished, {stats.tail_requests} still running | "
+        f"straggler ratio {stats.straggler_ratio:.1f}x | truncated {stats.truncation_ratio:.0%} | "
+        f"idle capacity {stats.idle_capacity_s:.2f} request-s ({stats.idle_fraction:.0%})",
+    ]
+    for s in stats.stragglers:
+        tokens = "?" if s.output_tokens is None else s.output_tokens
+        lines.append(f"  slow: {s.duration_s:8.3f} s {tokens:>6} tokens "
+                     f"{s.finish_reason or '-':<6} trace_id={s.trace_id} span_id={s.span_id}")
+    return "\n".join(lines)

@@ -1,0 +1,136 @@
+"""SDK set-up: the few process-wide changes otel_rollout makes to OpenTelemetry, each a named call.
+
+Nothing here runs on import. :class:`~otel_rollout.instrumentation.EngineInstrumentor` calls
+:func:`use_urandom_ids` and :func:`bound_exit` when it is instrumented (its ``_instrument`` says so
+in one place); Ray workers call :func:`configure_from_environment`. Exporter choice, resources,
+samplers and id generators are the SDK configurator's job (``opentelemetry-distro``): we use it
+rather than writing our own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import threading
+from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+from otel_rollout.guard import PROCESS
+from otel_rollout.ids import UrandomIdGenerator
+
+_logger = logging.getLogger(__name__)
+
+
+def use_urandom_ids(provider: object) -> bool:
+    """Swap the stock seeded-``random`` id generator of an SDK provider for ``os.urandom`` ids.
+
+    vLLM (and most RL frameworks) call ``random.seed(0)`` when an engine starts; the SDK's default
+    generator draws from that same generator, so every worker — and every run — would produce the
+    same trace ids. Only the exact stock class is replaced; a generator the user chose is left
+    alone. Tracers made from the provider afterwards (ours included) use the new generator.
+    Returns whether it swapped.
+    """
+    if isinstance(provider, TracerProvider) and type(provider.id_generator) is RandomIdGenerator:
+        provider.id_generator = UrandomIdGenerator()
+        _logger.info("otel_rollout: using os.urandom trace ids; engines seed Python's random, "
+                     "which would make ids repeat across workers and runs")
+        return True
+    return False
+
+
+@functools.lru_cache(maxsize=1)
+def bound_exit(timeout_s: float) -> None:
+    """Register (once per process) a bounded shutdown of the global providers at exit.
+
+    The SDK shuts its providers down at exit and waits for the exporters; an OTLP exporter facing
+    an unreachable or slow collector retries each signal's final export for up to
+    ``OTEL_EXPORTER_OTLP_TIMEOUT`` (10 s by default) — measured at +28 s (refused port) to +40 s
+    (black hole) on a vLLM run's exit. Ours runs that shutdown in a daemon thread and waits at most
+    ``timeout_s`` (``OTEL_ROLLOUT_EXIT_TIMEOUT``) for it, replacing the SDK's own handler.
+    """
+    atexit.register(_shutdown_within, timeout_s)
+
+
+def _shutdown_within(timeout_s: float) -> None:
+    providers = [p for p in (trace.get_tracer_provider(), metrics.get_meter_provider())
+                 if callable(getattr(p, "shutdown", None)) and hasattr(p, "_atexit_handler")
+                 and getattr(p, "_shutdown", False) is not True]  # already shut down by its owner
+    if not providers:
+        return
+    for provider in providers:
+        # The SDK registered its own unbounded shutdown at exit; ours replaces it. The SDK keeps
+        # the handle in this attribute and unregisters it the same way in its shutdown().
+        handler = provider._atexit_handler
+        if handler is not None:
+            atexit.unregister(handler)
+            provider._atexit_handler = None
+
+    def work() -> None:
+        for provider in providers:
+            try:
+                provider.shutdown()
+            except Exception:  # exit must go on whatever the exporter does
+                _logger.debug("otel_rollout: provider shutdown failed at exit", exc_info=True)
+
+    worker = threading.Thread(target=work, name="otel_rollout-exit", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        _logger.warning("otel_rollout: telemetry export did not finish within %.1f s of exit "
+                        "(OTEL_ROLLOUT_EXIT_TIMEOUT); the rest is dropped so the process can end",
+                        timeout_s)
+
+
+def sdk_configured() -> bool:
+    """Whether this process already has an SDK tracer provider (``opentelemetry-instrument`` ran)."""
+    return isinstance(trace.get_tracer_provider(), TracerProvider)
+
+
+def configure_from_environment() -> bool:
+    """Do what ``opentelemetry-instrument`` does at start-up, in a process that started without it.
+
+    The distro and its configurator read the standard ``OTEL_*`` variables (exporters — ours,
+    ``rollout_prometheus``, included —, protocol, resource, sampler, id generator, batch and
+    export intervals) and every installed instrumentor is applied, minus
+    ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS``. Does nothing if the SDK is already set up (the
+    process inherited ``opentelemetry-instrument``'s start-up hook). Returns whether it configured.
+    """
+    if sdk_configured():
+        return False
+    from opentelemetry.instrumentation.auto_instrumentation import initialize
+
+    initialize()
+    if not sdk_configured():
+        PROCESS.warn("no configurator",
+                     "otel_rollout: no OpenTelemetry SDK configurator is installed in this "
+                     "process, so nothing is exported from it; install otel-rollout[otlp] "
+                     "(it brings opentelemetry-distro)")
+        return False
+    return True
+
+
+def force_flush(timeout_s: float = 30.0) -> bool:
+    """Export the spans and metric points this process still holds; ``True`` if all went out.
+
+    The SDK batches spans and exports metrics periodically; a process that is killed (a Ray actor
+    at ``ray.kill``/``ray.shutdown()``) loses whatever was still buffered, atexit handlers included.
+    """
+    millis = int(timeout_s * 1000)
+    ok = True
+    providers: tuple[Any, ...] = (trace.get_tracer_provider(), metrics.get_meter_provider())
+    for provider in providers:
+        flush = getattr(provider, "force_flush", None)
+        if flush is None:
+            continue
+        try:
+            result = flush(millis)
+        except Exception:
+            _logger.warning("otel_rollout: force_flush failed", exc_info=True)
+            ok = False
+            continue
+        ok = ok and result is not False
+    return ok
