@@ -30,8 +30,10 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from otel_rollout.instrumentation import build_telemetry
     from otel_rollout.record import RequestRecord
+    from otel_rollout.sdk import bound_exit
 
     telemetry = build_telemetry("vllm", {})
+    bound_exit(telemetry.config.exit_timeout)  # the instrumentor's explicit set-up step
 
     rounds = int(os.environ.get("JOB_ROUNDS", "10"))
     per_round = int(os.environ.get("JOB_PER_ROUND", "2000"))
