@@ -7,6 +7,7 @@ distribution), and the re-entrancy marker that keeps nested engine calls from co
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import logging
@@ -185,9 +186,13 @@ class LibraryInstrumentor(BaseInstrumentor):
                 by_module.setdefault(target.module, []).append(target)
             for module, targets in by_module.items():
                 wrapt.register_post_import_hook(
-                    lambda _m, t=targets: self._apply(t, version, generation), module)
+                    functools.partial(self._on_import, targets, version, generation), module)
                 if module not in sys.modules and importlib.util.find_spec(module) is None:
                     self._missing(version, [f"{module} (no such module)"])
+
+    def _on_import(self, targets: list[Target], version: str, generation: object,
+                   _module: object) -> None:
+        self._apply(targets, version, generation)
 
     def _apply(self, targets: list[Target], version: str, generation: object) -> None:
         missing = []

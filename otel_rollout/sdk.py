@@ -35,7 +35,7 @@ def use_urandom_ids(provider: object) -> bool:
     Returns whether it swapped.
     """
     if isinstance(provider, TracerProvider) and type(provider.id_generator) is RandomIdGenerator:
-        provider.id_generator = UrandomIdGenerator()
+        provider.id_generator = UrandomIdGenerator()  # type: ignore[assignment]  # SDK annotates the stock class
         _logger.info("otel_rollout: using os.urandom trace ids; engines seed Python's random, "
                      "which would make ids repeat across workers and runs")
         return True
@@ -56,7 +56,8 @@ def bound_exit(timeout_s: float) -> None:
 
 
 def _shutdown_within(timeout_s: float) -> None:
-    providers = [p for p in (trace.get_tracer_provider(), metrics.get_meter_provider())
+    candidates: tuple[Any, ...] = (trace.get_tracer_provider(), metrics.get_meter_provider())
+    providers = [p for p in candidates
                  if callable(getattr(p, "shutdown", None)) and hasattr(p, "_atexit_handler")
                  and getattr(p, "_shutdown", False) is not True]  # already shut down by its owner
     if not providers:

@@ -22,7 +22,7 @@ class StreamObserver(Protocol):
     def finish(self, error: BaseException | None) -> None: ...
 
 
-class ObservedAsyncStream(wrapt.ObjectProxy):
+class ObservedAsyncStream(wrapt.ObjectProxy):  # type: ignore[type-arg]  # wrapt 2 is generic, 1.x not
     def __init__(self, wrapped: Any, observer: StreamObserver) -> None:
         super().__init__(wrapped)
         self._self_observer = observer

@@ -307,8 +307,8 @@ class Telemetry:
             with self.log.guard("step span"):
                 span.end()
 
-    def _span_attributes(self, record: RequestRecord, parent: Context | None) -> dict[str, object]:
-        attrs: dict[str, object] = {
+    def _span_attributes(self, record: RequestRecord, parent: Context | None) -> dict[str, Any]:
+        attrs: dict[str, Any] = {
             GenAI.GEN_AI_OPERATION_NAME: record.operation,
             GenAI.GEN_AI_PROVIDER_NAME: record.provider,
             GenAI.GEN_AI_REQUEST_MODEL: record.model,
@@ -338,7 +338,7 @@ class Telemetry:
             self._content_attributes(record, attrs)
         return attrs
 
-    def _content_attributes(self, record: RequestRecord, attrs: dict[str, object]) -> None:
+    def _content_attributes(self, record: RequestRecord, attrs: dict[str, Any]) -> None:
         limit = self.config.content_max_length
         if record.prompt_text is not None:
             attrs[GenAI.GEN_AI_INPUT_MESSAGES] = json.dumps(

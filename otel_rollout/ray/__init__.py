@@ -136,14 +136,14 @@ def receives_context(func: F | None = None, *, kwarg: str = CARRIER_KWARG,
                 carrier = kwargs.pop(kwarg, None)
                 async with continue_context(carrier, flush=flush):
                     return await method(*args, **kwargs)
-            return _with_carrier_parameter(async_wrapper, method, kwarg)
+            return cast(F, _with_carrier_parameter(async_wrapper, method, kwarg))
 
         @functools.wraps(method)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             carrier = kwargs.pop(kwarg, None)
             with continue_context(carrier, flush=flush):
                 return method(*args, **kwargs)
-        return _with_carrier_parameter(wrapper, method, kwarg)
+        return cast(F, _with_carrier_parameter(wrapper, method, kwarg))
 
     return decorate(func) if func is not None else decorate
 

@@ -143,7 +143,9 @@ def _waterfall(ax: Axes, requests: list[dict[str, Any]], stats: Mapping[str, Any
     ax.axvline(tail_start, color=_C_TAIL_DECODE, lw=1, ls="--", zorder=1)
 
     # Bars are line segments: one LineCollection per colour draws 2,000 rows as fast as 8.
-    row_pts = 72 * ax.figure.get_figheight() * 0.78 / n
+    figure = ax.get_figure(root=True)
+    height = figure.get_figheight() if figure is not None else 6.0
+    row_pts = 72 * height * 0.78 / n
     width = max(0.6, min(9.0, 0.8 * row_pts))
     segments: dict[str, list[tuple[tuple[float, float], tuple[float, float]]]] = {}
 

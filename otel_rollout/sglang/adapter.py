@@ -326,7 +326,7 @@ def generate_request_wrapper(telemetry: Telemetry) -> Wrapper:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> Any:
         obj = args[0] if args else kwargs.get("obj")
-        if not should_observe() or not _is_generate(obj):
+        if obj is None or not should_observe() or not _is_generate(obj):
             return wrapped(*args, **kwargs)
         parent = otel_context.get_current()
         model, batch, expected = "unknown", None, 1

@@ -93,7 +93,7 @@ def record_from_output(
     arrival, finish = fallback_arrival_ns, fallback_finish_ns
     first = scheduled = None
     source = "observed"
-    if stats is not None and getattr(stats, "arrival_time", 0):
+    if stats is not None and getattr(stats, "arrival_time", None):
         arrival = Clock.from_wall(stats.arrival_time) or arrival
         first = clock.from_monotonic(stats.first_token_ts or None)
         scheduled = clock.from_monotonic(stats.scheduled_ts or None)
