@@ -8,8 +8,8 @@ inventing one:
 * caller side (``ActorHandle._actor_method_call``, where every ``actor.method.remote()`` ends up,
   after Ray's own checks): when the caller is inside a span or a step and Ray's tracing is off,
   the W3C context (``traceparent`` + ``baggage`` with ``rollout.step``) goes into
-  ``_ray_trace_ctx``; with Ray's tracing on, Ray injects it itself and we add nothing — one
-  propagation, never two;
+  ``_ray_trace_ctx``; with Ray's tracing on, Ray injects it itself and we only add the call's id
+  (for step accounting) to Ray's dict — one propagation, never two;
 * callee side (the two places Ray builds an actor class, driver and worker): each method Ray
   wrapped is wrapped once more to take ``_ray_trace_ctx`` first, attach that context around the
   method (sync and async methods; any depth, since the callee is a caller in turn) and report the
@@ -37,10 +37,10 @@ from otel_rollout.guard import LogOnce
 from otel_rollout.instrumentation import LibraryInstrumentor, Target
 from otel_rollout.propagation import inject_context
 from otel_rollout.ray.steps import (
+    CALL_ID,
     RayStepChannel,
     call_started,
     remote_call,
-    remote_call_async,
     step_key,
 )
 from otel_rollout.steps import register_channel, unregister_channel
@@ -48,12 +48,6 @@ from otel_rollout.steps import register_channel, unregister_channel
 CTX_KWARG = "_ray_trace_ctx"
 _MARK = "__otel_rollout_wrapped__"
 _log = LogOnce()
-
-
-def _ray_tracing_on() -> bool:
-    from ray.util.tracing import tracing_helper
-
-    return bool(tracing_helper._is_tracing_enabled())
 
 
 def _worth_propagating() -> bool:
@@ -78,17 +72,19 @@ def _with_context(handle: Any, args: tuple[Any, ...],
     signature = getattr(handle, "_ray_method_signatures", {}).get(method) or ()
     if not any(getattr(p, "name", None) == CTX_KWARG for p in signature):
         return args, kwargs  # a method Ray gave no context parameter (generators, Ray's own)
-    call_started()
-    if _ray_tracing_on():
-        return args, kwargs  # Ray injects the same context itself
-    if len(args) > 2:
-        call_kwargs = dict(args[2] or {})
-        if CTX_KWARG not in call_kwargs:
-            call_kwargs[CTX_KWARG] = inject_context()
+    call_id = call_started()
+    positional = len(args) > 2
+    call_kwargs = dict((args[2] if positional else kwargs.get("kwargs")) or {})
+    carrier = call_kwargs.get(CTX_KWARG)
+    if carrier is None:
+        carrier = inject_context()  # Ray's tracing is off; with it on, Ray injected its own
+    elif call_id is not None:
+        carrier = dict(carrier)
+    if call_id is not None:
+        carrier[CALL_ID] = call_id
+    call_kwargs[CTX_KWARG] = carrier
+    if positional:
         return (*args[:2], call_kwargs, *args[3:]), kwargs
-    call_kwargs = dict(kwargs.get("kwargs") or {})
-    if CTX_KWARG not in call_kwargs:
-        call_kwargs[CTX_KWARG] = inject_context()
     return args, {**kwargs, "kwargs": call_kwargs}
 
 
@@ -110,7 +106,7 @@ def _continuing(method: Callable[..., Any]) -> Callable[..., Any]:
         async def async_call(self: Any, *args: Any, _ray_trace_ctx: Any = None, **kwargs: Any) -> Any:
             if not _ray_trace_ctx:
                 return await method(self, *args, **kwargs)
-            async with remote_call_async(_ray_trace_ctx):
+            with remote_call(_ray_trace_ctx):
                 return await method(self, *args, **kwargs)
         call: Callable[..., Any] = async_call
     else:

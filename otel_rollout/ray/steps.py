@@ -5,27 +5,29 @@ The driver opens ``rollout_step(i)``; its requests run in actors two hops away (
 so they travel back through Ray itself — a small named actor per job (:class:`StepCollector`,
 ``num_cpus=0``) — not through a network service of our own and not through a shared filesystem.
 
-Causality makes the wait short: a remote call made under a step reports its process's records
-for that step *before it returns* (:func:`remote_call`), so by the time the driver's
-``ray.get`` returns, every record of a finished call has already reached the collector, and the
-step's end is one actor call. Calls are counted as they are made (caller side) and as they
-report (callee side); a call that never reports (its worker died, or it outlives the step) is
-waited for at most ``OTEL_ROLLOUT_STEP_WAIT`` seconds, then the step is closed as partial with
-the records that are known.
+Causality makes the wait short: a remote call made under a step sends its process's records for
+that step *as it returns* (:func:`remote_call`), so by the time the driver's ``ray.get`` returns,
+every finished call's report is already on its way, and the step's end is one or a few actor
+calls. Calls are counted as they are made (caller side) and as they report (callee side); a call
+that never reports (its worker died, or it outlives the step) is waited for at most
+``OTEL_ROLLOUT_STEP_WAIT`` seconds, then the step is closed as partial with the records that are
+known.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
+import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry import baggage
+from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
 
 from otel_rollout.context import current_step, with_step
@@ -44,39 +46,50 @@ _log = LogOnce()
 
 COLLECTOR_NAME = "otel_rollout_step_collector"
 COLLECTOR_NAMESPACE = "otel_rollout"
-REPORT_TIMEOUT_S = 30.0
-"""A callee waits at most this long for its report to be accepted before it returns anyway."""
+
+
+@dataclasses.dataclass
+class _Pending:
+    """Records and the ids of calls started / finished, per step key.
+
+    Ids, not counts: reports from different processes arrive in any order (a server's "finished"
+    before the intermediate worker's "started"), and only sets make "every known call has
+    finished" a test that can never pass early.
+    """
+
+    records: list[RequestRecord] = dataclasses.field(default_factory=list)
+    started: set[str] = dataclasses.field(default_factory=set)
+    finished: set[str] = dataclasses.field(default_factory=set)
 
 
 class StepCollector:
     """The job's mailbox for step reports (a Ray actor): records and call counts per step key."""
 
     def __init__(self) -> None:
-        self._steps: dict[str, dict[str, Any]] = {}
+        self._steps: dict[str, _Pending] = {}
 
-    def report(self, key: str, records: list[RequestRecord], started: int, finished: int) -> int:
-        entry = self._steps.setdefault(key, {"records": [], "started": 0, "finished": 0})
-        entry["records"].extend(records)
-        entry["started"] += started
-        entry["finished"] += finished
-        return len(entry["records"])
+    def report(self, key: str, records: list[RequestRecord], started: set[str],
+               finished: set[str]) -> None:
+        entry = self._steps.setdefault(key, _Pending())
+        entry.records.extend(records)
+        entry.started |= started
+        entry.finished |= finished
 
-    def drain(self, key: str) -> tuple[list[RequestRecord], int, int]:
+    def drain(self, key: str) -> tuple[list[RequestRecord], set[str], set[str]]:
         """Everything reported for ``key`` so far (records are handed over once)."""
         entry = self._steps.get(key)
         if entry is None:
-            return [], 0, 0
-        records, entry["records"] = entry["records"], []
-        return records, entry["started"], entry["finished"]
+            return [], set(), set()
+        records, entry.records = entry.records, []
+        return records, set(entry.started), set(entry.finished)
 
     def forget(self, key: str) -> None:
         self._steps.pop(key, None)
 
 
-@dataclasses.dataclass
-class _Pending:
-    records: list[RequestRecord] = dataclasses.field(default_factory=list)
-    started: int = 0
+SPAN_FLUSH_TIMEOUT_MS = 1000
+FLUSH_INTERVAL_S = 0.02
+"""How often an actor process sends what its finished calls collected: one report for many calls."""
 
 
 class _Local:
@@ -86,10 +99,48 @@ class _Local:
         self.lock = threading.Lock()
         self.pending: dict[str, _Pending] = {}
         self.collector: Any = None
+        self._wake = threading.Event()
+        self._ids = itertools.count()
+        self._flusher: threading.Thread | None = None
 
-    def call_started(self, key: str) -> None:
+    def call_finished(self, key: str, call_id: str) -> None:
+        """A call served here ended: its records go out with the next report (batched)."""
         with self.lock:
-            self.pending.setdefault(key, _Pending()).started += 1
+            self.pending.setdefault(key, _Pending()).finished.add(call_id)
+            if self._flusher is None or not self._flusher.is_alive():
+                self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
+                                                 name="otel_rollout-step-reports")
+                self._flusher.start()
+        self._wake.set()
+
+    def _flush_loop(self) -> None:
+        while True:
+            self._wake.wait()
+            time.sleep(FLUSH_INTERVAL_S)  # let calls finishing together share one report
+            self._wake.clear()
+            with self.lock:
+                ready = {k: p for k, p in self.pending.items() if p.finished}
+                for key in ready:
+                    del self.pending[key]
+            if not ready:
+                continue
+            # Export the calls' spans before saying they are done: when the step's owner has
+            # every report, the step's request spans have left this process (an actor may be
+            # killed right after the job's last step). Bounded: a stuck exporter only delays.
+            with _log.guard("span flush before step report"):
+                flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+                if flush is not None:
+                    flush(SPAN_FLUSH_TIMEOUT_MS)
+            for key, pending in ready.items():
+                with _log.guard("step report"):
+                    self.handle().report.remote(key, pending.records, pending.started,
+                                                pending.finished)
+
+    def call_started(self, key: str) -> str:
+        call_id = f"{os.getpid()}-{next(self._ids)}"
+        with self.lock:
+            self.pending.setdefault(key, _Pending()).started.add(call_id)
+        return call_id
 
     def add(self, key: str, record: RequestRecord) -> None:
         with self.lock:
@@ -165,12 +216,12 @@ class RayStepChannel:
             got, started, finished = ray.get(collector.drain.remote(key),
                                              timeout=max(1.0, wait_s))
             records.extend(got)
-            missing = own.started + started - finished
-            if missing <= 0 or time.monotonic() >= deadline:
+            missing = len((own.started | started) - finished)
+            if not missing or time.monotonic() >= deadline:
                 break
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
         collector.forget.remote(key)
-        if missing > 0:
+        if missing:
             _logger.warning("otel_rollout: step %s: %d remote call(s) did not report their requests "
                             "within %.1f s (OTEL_ROLLOUT_STEP_WAIT); the step is reported as "
                             "partial with the %d requests known", scope.step, missing, wait_s,
@@ -198,11 +249,14 @@ def step_key(ctx: Context | None = None) -> str | None:
     return str(value) if value else None
 
 
-def call_started(ctx: Context | None = None) -> None:
-    """A remote call is being made from this process; count it against the open step."""
+CALL_ID = "otel_rollout_call"
+"""The carrier entry naming one remote call, so its owner can tell when it has reported."""
+
+
+def call_started(ctx: Context | None = None) -> str | None:
+    """A remote call is being made from this process under a step: its id, to put in the carrier."""
     key = step_key(ctx)
-    if key is not None:
-        LOCAL.call_started(key)
+    return LOCAL.call_started(key) if key is not None else None
 
 
 def _enter(carrier: Mapping[str, str]) -> tuple[object, str | None]:
@@ -215,40 +269,21 @@ def _enter(carrier: Mapping[str, str]) -> tuple[object, str | None]:
     return otel_context.attach(ctx), key
 
 
-def _payload(key: str) -> tuple[list[RequestRecord], int]:
-    pending = LOCAL.take(key)
-    return pending.records, pending.started
-
-
 @contextmanager
 def remote_call(carrier: Mapping[str, str]) -> Iterator[None]:
-    """Run an actor method in the caller's context; report the step's records before returning."""
+    """Run an actor method in the caller's context; send the step's records as it returns.
+
+    The report is sent by a background thread, batched over the calls that end within a few
+    milliseconds of each other, and never awaited: one actor call per served call would double
+    the cost of a Ray call, and the step's owner waits (boundedly) for every started call to have
+    reported anyway.
+    """
     token, key = _enter(carrier)
+    call_id = carrier.get(CALL_ID)
     try:
         yield
     finally:
         otel_context.detach(token)  # type: ignore[arg-type]
-        if key is not None:
+        if key is not None and call_id is not None:
             with _log.guard("step report"):
-                import ray
-
-                records, started = _payload(key)
-                ray.get(LOCAL.handle().report.remote(key, records, started, 1),
-                        timeout=REPORT_TIMEOUT_S)
-
-
-@asynccontextmanager
-async def remote_call_async(carrier: Mapping[str, str]) -> AsyncIterator[None]:
-    """:func:`remote_call` for async actor methods: the report is awaited, not blocked on."""
-    token, key = _enter(carrier)
-    try:
-        yield
-    finally:
-        otel_context.detach(token)  # type: ignore[arg-type]
-        if key is not None:
-            with _log.guard("step report"):
-                import asyncio
-
-                records, started = _payload(key)
-                ref = LOCAL.handle().report.remote(key, records, started, 1)
-                await asyncio.wait_for(asyncio.wrap_future(ref.future()), REPORT_TIMEOUT_S)
+                LOCAL.call_finished(key, call_id)

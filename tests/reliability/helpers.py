@@ -6,7 +6,8 @@ import asyncio
 import gc
 from typing import Any
 
-from otel_rollout.telemetry import BATCH_SPAN_NAME, Telemetry
+from otel_rollout.semconv import BATCH_SPAN_NAME
+from otel_rollout.telemetry import Telemetry
 from tests.conftest import OTelHarness
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from opentelemetry.trace import StatusCode
 
-from otel_rollout.telemetry import BATCH_SPAN_NAME
+from otel_rollout.semconv import BATCH_SPAN_NAME
 from tests.conftest import OTelHarness
 
 TOLERANCE_NS = 1_000_000  # SGLang's wall conversion vs ours: both from the same clocks, µs apart

@@ -19,7 +19,7 @@ from opentelemetry.trace import StatusCode
 
 from otel_rollout import rollout_step
 from otel_rollout.sglang import adapter
-from otel_rollout.steps import STEP_SPAN_NAME
+from otel_rollout.semconv import STEP_SPAN_NAME
 from tests.conftest import OTelHarness
 from tests.sglang.conftest import start_engine
 from tests.sglang.helpers import (

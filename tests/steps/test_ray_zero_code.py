@@ -60,7 +60,9 @@ def test_steps_span_ray_actors_without_code_changes(otlp_receiver: OTLPReceiver,
     is_request = lambda r: attr(r.attributes, "gen_ai.usage.output_tokens") is not None  # noqa: E731
     assert otlp_receiver.wait_for(lambda r: sum(1 for s in r.spans() if is_request(s)) >= total
                                   and sum(1 for s in r.spans() if s.name == "rollout.step") >= 3,
-                                  timeout=30)
+                                  timeout=30), (
+        lines, sorted({s.name for s in otlp_receiver.spans()}),
+        sum(1 for s in otlp_receiver.spans() if is_request(s)))
     spans = otlp_receiver.spans()
     step_spans = {attr(s.attributes, "rollout.step"): s for s in spans if s.name == "rollout.step"}
     requests = [s for s in spans if is_request(s)]

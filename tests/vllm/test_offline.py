@@ -9,7 +9,7 @@ from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 from otel_rollout import rollout_step
-from otel_rollout.telemetry import BATCH_SPAN_NAME
+from otel_rollout.semconv import BATCH_SPAN_NAME
 from tests.conftest import OTelHarness
 from testkit.engines import long_tail_lengths
 
