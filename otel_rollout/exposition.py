@@ -124,6 +124,8 @@ class OpenMetricsExemplarReader(MetricReader):
         })
         self._latest: MetricsData | None = None
         self._refused: set[str] = set()
+        self._exemplars: dict[tuple[str, frozenset[Any]], list[Any]] = {}
+        self._exemplars_lock = threading.Lock()
         self._server: Any = None
         try:
             from prometheus_client import CollectorRegistry
@@ -159,6 +161,7 @@ class OpenMetricsExemplarReader(MetricReader):
 
     def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
                          **kwargs: Any) -> None:
+        self._remember(metrics_data)
         self._latest = metrics_data
 
     def collect_for_scrape(self) -> MetricsData | None:
@@ -212,25 +215,63 @@ class OpenMetricsExemplarReader(MetricReader):
 
     # --- OTel data -> classic buckets (both formats) ---------------------------------------------
 
-    def classic(self, metric: Metric, point: Any) -> list[ClassicBucket]:
-        """Cumulative classic buckets of a histogram point, each with its latest exemplar."""
+    def _pairs(self, metric: Metric, point: Any) -> list[tuple[float, int]]:
+        """(upper bound, cumulative count) classic buckets of a histogram point, +Inf last."""
         if isinstance(metric.data, ExponentialHistogram):
             bounds = histograms.explicit_bounds(metric.name, self.config)
-            pairs = histograms.classic_buckets(point, bounds)
-        else:
-            pairs, running = [], 0
-            for bound, count in zip([*point.explicit_bounds, math.inf], point.bucket_counts):
-                running += count
-                pairs.append((float(bound), running))
+            return histograms.classic_buckets(point, bounds)
+        pairs, running = [], 0
+        for bound, count in zip([*point.explicit_bounds, math.inf], point.bucket_counts):
+            running += count
+            pairs.append((float(bound), running))
+        return pairs
+
+    @staticmethod
+    def _latest_per_bucket(exemplars: Iterable[Any], uppers: list[float]) -> dict[int, Any]:
         by_bucket: dict[int, Any] = {}
-        uppers = [bound for bound, _ in pairs]
-        for ex in getattr(point, "exemplars", None) or ():
-            if not ex.trace_id:
-                continue
+        for ex in exemplars:
             index = next(i for i, b in enumerate(uppers) if ex.value <= b)
             kept = by_bucket.get(index)
             if kept is None or ex.time_unix_nano >= kept.time_unix_nano:
                 by_bucket[index] = ex
+        return by_bucket
+
+    def _remember(self, data: MetricsData) -> None:
+        """Keep each classic bucket's latest exemplar across collections.
+
+        The SDK hands out a measurement's exemplar once, to the next collection. Every scrape
+        collects, so with two scrapers (an HA pair, or a native and a classic Prometheus) each
+        exemplar would reach only one of them; remembering the latest per bucket serves it to
+        all (Prometheus ignores an exemplar it already stored).
+        """
+        with self._exemplars_lock:
+            seen = set()
+            for rm in data.resource_metrics:
+                for sm in rm.scope_metrics:
+                    for metric in sm.metrics:
+                        if not isinstance(metric.data, (HistogramData, ExponentialHistogram)):
+                            continue
+                        for point in metric.data.data_points:
+                            key = (metric.name, frozenset(point.attributes.items()))
+                            seen.add(key)
+                            fresh = [ex for ex in getattr(point, "exemplars", None) or ()
+                                     if ex.trace_id]
+                            if not fresh:
+                                continue
+                            uppers = [b for b, _ in self._pairs(metric, point)]
+                            kept = self._latest_per_bucket(
+                                [*self._exemplars.get(key, ()), *fresh], uppers)
+                            self._exemplars[key] = list(kept.values())
+            for key in set(self._exemplars) - seen:
+                del self._exemplars[key]
+
+    def classic(self, metric: Metric, point: Any) -> list[ClassicBucket]:
+        """Cumulative classic buckets of a histogram point, each with its latest exemplar."""
+        pairs = self._pairs(metric, point)
+        with self._exemplars_lock:
+            remembered = list(self._exemplars.get(
+                (metric.name, frozenset(point.attributes.items())), ()))
+        by_bucket = self._latest_per_bucket(remembered, [bound for bound, _ in pairs])
         out: list[ClassicBucket] = []
         for i, (bound, cumulative) in enumerate(pairs):
             ex = by_bucket.get(i)

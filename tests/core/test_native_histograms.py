@@ -345,3 +345,24 @@ def test_exponential_keeps_an_exemplar_per_classic_bucket(monkeypatch: pytest.Mo
     occupied = {next(i for i, b in enumerate(bounds) if v <= b) for v in pipe.values}
     assert len(point.exemplars) == len(occupied)
     assert max(e.value for e in point.exemplars) > sorted(pipe.values)[-len(pipe.values) // 100]
+
+
+def test_every_scraper_gets_the_exemplars(metric_family: Any,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each scrape collects, and the SDK hands an exemplar to one collection only: an HA pair
+    (or a native and a classic Prometheus) must still both see it."""
+    pipe = Pipeline(RolloutConfig(), monkeypatch)
+    pipe.record(50)
+
+    def scrape() -> set[str]:
+        body = pipe.reader.protobuf(pipe.reader.collect_for_scrape())
+        (family,) = [f for f in decode_delimited(body, metric_family)
+                     if f.name == "gen_ai_server_request_duration_seconds"]
+        return {lp.value for e in family.metric[0].histogram.exemplars for lp in e.label
+                if lp.name == "span_id"}
+
+    first, second = scrape(), scrape()
+    assert first and first == second and first <= pipe.span_ids
+    pipe.record(1, seed=99)  # a newer request replaces its bucket's exemplar, for everyone
+    third = scrape()
+    assert third - second and len(third) == len(second)

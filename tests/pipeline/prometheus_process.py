@@ -9,6 +9,7 @@ them: ``scrape_classic_histograms`` arrived in 2.45).
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import time
@@ -19,7 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_tools import PROMTOOL_HINT, require_tool
+
+# Importable both as a sibling module (pipeline tests) and as tests.pipeline.prometheus_process
+# (e2e tests), so it depends on nothing else in this folder.
+HINT = "apt-get install -y --no-install-recommends prometheus (Debian's 2.42, as CI installs it)"
 
 
 def free_port() -> int:
@@ -31,7 +35,9 @@ def free_port() -> int:
 class Prometheus:
     def __init__(self, tmp: Path, target_port: int, *, native: bool = False,
                  rule_files: list[str] | None = None, job: str = "rollout-e2e") -> None:
-        binary = require_tool("prometheus", PROMTOOL_HINT)
+        binary = shutil.which("prometheus")
+        if binary is None:
+            pytest.fail(f"prometheus not found on PATH: {HINT}", pytrace=False)
         self.port = free_port()
         config = tmp / "prometheus.yml"
         config.write_text(json.dumps({
