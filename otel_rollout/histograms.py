@@ -62,9 +62,9 @@ EXPONENTIAL_INSTRUMENTS: dict[str, str] = {
     R.METRIC_QUEUE_TIME: "latency_buckets",
 }
 
-# 160 buckets (the SDK default) cover 2^20 (e.g. 3.5 ms .. 1 h) at scale 3 (9 % wide buckets) and
-# a typical one-step rollout (two decades) at scale 5 (2 %). Scale 8 is the finest Prometheus
-# native histograms store; a finer one would only be merged away at exposition.
+# 160 buckets (the SDK default) cover 2^20 (e.g. 3.5 ms .. 1 h) at scale 3 (9 % wide buckets),
+# two decades at scale 4 (4 %), one at scale 5 (2 %). Scale 8 is the finest Prometheus native
+# histograms store; a finer one would only be merged away at exposition.
 MAX_SIZE = 160
 MAX_SCALE = 8
 

@@ -29,8 +29,8 @@ N = 600
 class Target:
     """Our reader serving a local MeterProvider; remembers the Accept header of each scrape."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setenv("OTEL_ROLLOUT_HISTOGRAMS", "exponential")
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, mode: str = "exponential") -> None:
+        monkeypatch.setenv("OTEL_ROLLOUT_HISTOGRAMS", mode)
         self.reader = OpenMetricsExemplarReader(host="127.0.0.1", port=0, start_server=False)
         self.accepts: list[str] = []
         app = self.reader.wsgi_app()
@@ -119,6 +119,25 @@ def test_text_only_scrape_still_gets_classic_buckets_and_exemplars(
             assert count == sum(1 for v in target.values if v <= le)
     finally:
         prom.stop()
+
+
+def test_explicit_setting_serves_classic_histograms_in_protobuf(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """OTEL_ROLLOUT_HISTOGRAMS=explicit under a native-histogram Prometheus: classic series
+    (protobuf Histogram without native fields), exemplars on the buckets, fallback queries."""
+    target = Target(monkeypatch, mode="explicit")
+    prom = Prometheus(tmp_path, target.port, native=True)
+    try:
+        prom.wait_for(f'{NATIVE}_bucket{{le="+Inf"}} == {N}')
+        assert any("application/vnd.google.protobuf" in a for a in target.accepts)
+        assert not prom.query(NATIVE)
+        exemplars = prom.exemplars(f"{NATIVE}_bucket")
+        assert exemplars and {e["labels"]["span_id"] for e in exemplars} <= target.span_ids
+        assert prom.scalar(f"histogram_quantile(0.99, sum({NATIVE})) or "
+                           f"histogram_quantile(0.99, sum by (le) ({NATIVE}_bucket))") > 0
+    finally:
+        prom.stop()
+        target.close()
 
 
 def _bucket_ratio(series: dict[str, Any]) -> float:
