@@ -366,3 +366,35 @@ def test_every_scraper_gets_the_exemplars(metric_family: Any,
     pipe.record(1, seed=99)  # a newer request replaces its bucket's exemplar, for everyone
     third = scrape()
     assert third - second and len(third) == len(second)
+
+
+@pytest.mark.parametrize("route", ["environment", "views"])
+def test_otlp_carries_exponential_histograms_with_exemplars(
+        route: str, otlp_receiver: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over real OTLP: the standard variable (zero-code) or our views (own MeterProvider)."""
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+        OTLPMetricExporter,
+    )
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    config = load_config({})
+    if route == "environment":
+        for key, value in histograms.otlp_environment(config).items():
+            monkeypatch.setenv(key, value)
+    exporter = OTLPMetricExporter(endpoint=f"{otlp_receiver.http_endpoint}/v1/metrics")
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)
+    provider = MeterProvider(metric_readers=[reader],
+                             views=histograms.views(config) if route == "views" else ())
+    tracer = TracerProvider().get_tracer("t")
+    telemetry = Telemetry("vllm", tracer, provider.get_meter("otel_rollout.vllm"), config)
+    with tracer.start_as_current_span("step") as parent:
+        telemetry.emit(make_record("m"))
+    provider.shutdown()  # exports once
+    assert otlp_receiver.wait_for(lambda r: any(
+        m.name == "gen_ai.server.request.duration" for m in r.metrics()))
+    (metric,) = [m for m in otlp_receiver.metrics() if m.name == "gen_ai.server.request.duration"]
+    assert metric.WhichOneof("data") == "exponential_histogram"
+    (point,) = metric.exponential_histogram.data_points
+    assert point.count == 1 and point.sum == pytest.approx(2.75)
+    (exemplar,) = point.exemplars
+    assert exemplar.trace_id == parent.get_span_context().trace_id.to_bytes(16, "big")
