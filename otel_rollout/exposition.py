@@ -108,7 +108,8 @@ class _Collector:
 
 
 class OpenMetricsExemplarReader(MetricReader):
-    """A pull reader serving OpenMetrics with exemplars on ``/metrics``."""
+    """A pull reader serving ``/metrics``: Prometheus protobuf (native histograms) or OpenMetrics,
+    both with exemplars."""
 
     def __init__(self, host: str | None = None, port: int | None = None,
                  start_server: bool = True) -> None:
@@ -161,7 +162,10 @@ class OpenMetricsExemplarReader(MetricReader):
 
     def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
                          **kwargs: Any) -> None:
-        self._remember(metrics_data)
+        try:
+            self._remember(metrics_data)
+        except Exception:  # exemplars are a nicety; the scrape must still be served
+            self._refuse("exemplars", "remembering them failed", exc_info=True)
         self._latest = metrics_data
 
     def collect_for_scrape(self) -> MetricsData | None:
@@ -292,7 +296,11 @@ class OpenMetricsExemplarReader(MetricReader):
                 out += _delimited(_family_pb("target_info", "Target metadata", _GAUGE, [info]))
             for sm in rm.scope_metrics:
                 for metric in sm.metrics:
-                    family = self._family_pb(metric)
+                    try:
+                        family = self._family_pb(metric)
+                    except Exception:  # one metric we cannot encode must not fail the scrape
+                        self._refuse(metric.name, "encoding failed", exc_info=True)
+                        continue
                     if family is not None:
                         out += _delimited(family)
         return bytes(out)
@@ -332,11 +340,11 @@ class OpenMetricsExemplarReader(MetricReader):
         self._refuse(metric.name, type(data).__name__)
         return None
 
-    def _refuse(self, name: str, why: str) -> None:
+    def _refuse(self, name: str, why: str, exc_info: bool = False) -> None:
         if name not in self._refused:
             self._refused.add(name)
             _logger.error("otel_rollout: metric %r (%s) cannot be served to Prometheus; it is left "
-                          "out of /metrics (the rest is served)", name, why)
+                          "out of /metrics (the rest is served)", name, why, exc_info=exc_info)
 
     def _family(self, metric: Metric) -> Any:
         from prometheus_client.core import (

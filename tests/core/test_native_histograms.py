@@ -398,3 +398,21 @@ def test_otlp_carries_exponential_histograms_with_exemplars(
     assert point.count == 1 and point.sum == pytest.approx(2.75)
     (exemplar,) = point.exemplars
     assert exemplar.trace_id == parent.get_span_context().trace_id.to_bytes(16, "big")
+
+
+def test_a_metric_that_fails_to_encode_is_left_out_not_the_scrape(
+        metric_family: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    pipe = Pipeline(RolloutConfig(), monkeypatch)
+    pipe.record(5)
+    pipe.meter.create_counter("rollout.other", unit="s").add(2)
+
+    def broken(point: Any) -> bytes:  # a fault in our encoder, which real data cannot produce
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("otel_rollout.exposition._native", broken)
+    for _ in range(2):
+        names = {f.name for f in decode_delimited(
+            pipe.reader.protobuf(pipe.reader.collect_for_scrape()), metric_family)}
+        assert "rollout_other_seconds_total" in names
+        assert "gen_ai_server_request_duration_seconds" not in names
+    assert len([r for r in caplog.records if "gen_ai.server.request.duration" in r.getMessage()]) == 1
