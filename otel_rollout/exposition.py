@@ -256,7 +256,7 @@ class OpenMetricsExemplarReader(MetricReader):
                         if not isinstance(metric.data, (HistogramData, ExponentialHistogram)):
                             continue
                         for point in metric.data.data_points:
-                            key = (metric.name, frozenset(point.attributes.items()))
+                            key = (metric.name, frozenset((point.attributes or {}).items()))
                             seen.add(key)
                             fresh = [ex for ex in getattr(point, "exemplars", None) or ()
                                      if ex.trace_id]
@@ -274,7 +274,7 @@ class OpenMetricsExemplarReader(MetricReader):
         pairs = self._pairs(metric, point)
         with self._exemplars_lock:
             remembered = list(self._exemplars.get(
-                (metric.name, frozenset(point.attributes.items())), ()))
+                (metric.name, frozenset((point.attributes or {}).items())), ()))
         by_bucket = self._latest_per_bucket(remembered, [bound for bound, _ in pairs])
         out: list[ClassicBucket] = []
         for i, (bound, cumulative) in enumerate(pairs):
