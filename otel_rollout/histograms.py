@@ -235,9 +235,10 @@ def classic_buckets(point: Any, bounds: Sequence[float] | None) -> list[tuple[fl
     factor = 2.0 ** scale
     out: list[tuple[float, int]] = []
     for bound in bounds:
-        if bound <= 0:
-            cumulative = float(point.zero_count if bound == 0 else 0) + (
-                sum(point.negative.bucket_counts) if bound == 0 else 0)
+        if bound < 0:  # our boundaries are never negative; a negative one gets no split
+            cumulative = 0.0
+        elif bound == 0:
+            cumulative = float(below_positive)
         else:
             position = math.log2(bound) * factor  # bucket i spans (i, i+1] in these units
             nearest = round(position)
