@@ -44,11 +44,12 @@ class NullSpanExporter:
 _SDK: tuple[Any, Any, Any] | None = None
 
 
-def setup_sdk(processor: str = "simple") -> tuple[Any, Any, Any]:
+def setup_sdk(processor: str = "simple", views: Any = ()) -> tuple[Any, Any, Any]:
     """Install global providers once: real SDK, null span exporter, in-memory metric reader.
 
     ``simple`` (SimpleSpanProcessor) keeps every span's full SDK cost on the calling thread and
     never drops a span; ``batch`` is the production shape (BatchSpanProcessor, background thread).
+    ``views`` go to the MeterProvider (e.g. ``otel_rollout.histograms.views(config)``).
     """
     from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
@@ -68,7 +69,7 @@ def setup_sdk(processor: str = "simple") -> tuple[Any, Any, Any]:
     else:
         tp.add_span_processor(SimpleSpanProcessor(exporter))
     reader = InMemoryMetricReader()
-    mp = MeterProvider(metric_readers=[reader], resource=resource)
+    mp = MeterProvider(metric_readers=[reader], resource=resource, views=views)
     trace.set_tracer_provider(tp)
     metrics.set_meter_provider(mp)
     # Re-instrumenting re-creates instruments with the same names; the SDK warns each time.

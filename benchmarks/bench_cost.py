@@ -16,6 +16,12 @@ call on the bare stand-in (B), and the floor (F): for the same requests, what th
 costs — ``tracer.start_span(start_time=…, attributes=<the very dict we attach>)`` + ``add_event``
 + ``end`` + the same histogram ``.record`` calls (same instruments, same attribute sets, the span's
 context). ours = A − B; CPU time of this thread (``time.thread_time``); median over rounds.
+
+``--histograms exponential|explicit`` picks the aggregation of the five long-tail histograms
+(exponential through ``otel_rollout.histograms.views``, installed on the MeterProvider as a
+process that builds its own provider would; explicit = the advisory buckets, no views);
+``both`` runs each in its own process (one global MeterProvider per process) and reports them
+side by side.
 """
 
 from __future__ import annotations
@@ -23,6 +29,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from typing import Any
 
@@ -100,7 +111,7 @@ def floor_for(telemetry: Any, records: list[Any], parent_fn: Any) -> Any:
     from opentelemetry import trace
     from opentelemetry.trace import SpanKind
 
-    from otel_rollout import semconv as R
+    from otel_rollout.semconv import ROLLOUT_FINISH_REASON
 
     tracer = telemetry.tracer
     parent = parent_fn()
@@ -109,7 +120,7 @@ def floor_for(telemetry: Any, records: list[Any], parent_fn: Any) -> Any:
         attrs = telemetry._span_attributes(rec, parent)
         mattrs = telemetry._base_attributes(rec.model, rec.operation)
         if rec.finish_reason is not None:
-            mattrs[R.ROLLOUT_FINISH_REASON] = rec.finish_reason
+            mattrs[ROLLOUT_FINISH_REASON] = rec.finish_reason
         hist = [(telemetry.duration, rec.duration_s, mattrs)]
         if rec.ttft_s is not None:
             hist.append((telemetry.ttft, rec.ttft_s, mattrs))
@@ -239,8 +250,12 @@ def measure(case: dict[str, Any], rounds: int) -> dict[str, Any]:
     return {"ours_us": C.band(ours, 2), "floor_us": C.band(floor, 2), "ratio": C.band(ratio, 3)}
 
 
-def run(smoke: bool) -> dict[str, Any]:
-    C.setup_sdk("simple")
+def run(smoke: bool, histograms_mode: str = "explicit") -> dict[str, Any]:
+    from otel_rollout import histograms
+    from otel_rollout.config import load_config
+
+    config = load_config({**os.environ, "OTEL_ROLLOUT_HISTOGRAMS": histograms_mode})
+    C.setup_sdk("simple", views=histograms.views(config))
     from opentelemetry import trace
 
     from otel_rollout.instrumentation import build_telemetry
@@ -249,7 +264,8 @@ def run(smoke: bool) -> dict[str, Any]:
     rounds = 3 if smoke else 31
     size = 32 if smoke else 256
     lengths = C.long_tail(size, seed=1)
-    results: dict[str, Any] = {"machine": C.machine(), "rounds": rounds, "batch": size}
+    results: dict[str, Any] = {"machine": C.machine(), "rounds": rounds, "batch": size,
+                               "histograms": histograms_mode}
 
     for label, stats in (("offline_stats_on", True), ("offline_stats_off", False)):
         case = build(telemetry, lengths, stats)
@@ -271,12 +287,34 @@ def run(smoke: bool) -> dict[str, Any]:
     return results
 
 
+def both(smoke: bool) -> dict[str, Any]:
+    """Explicit and exponential, each in a fresh process, then side by side per case."""
+    out: dict[str, Any] = {}
+    for mode in ("explicit", "exponential"):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, f"{mode}.json")
+            cmd = [sys.executable, __file__, "--histograms", mode, "--out", path]
+            subprocess.run(cmd + (["--smoke"] if smoke else []), check=True,
+                           stdout=subprocess.DEVNULL)
+            with open(path) as f:
+                out[mode] = json.load(f)
+    cases = ("offline_stats_on", "offline_stats_off", "async_stream")
+    out["side_by_side"] = {case: {mode: {k: out[mode][case][k] for k in ("ours_us", "floor_us")}
+                                  for mode in ("explicit", "exponential")} for case in cases}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out")
+    ap.add_argument("--histograms", choices=("explicit", "exponential", "both"),
+                    default="explicit")
     args = ap.parse_args()
-    C.write(args.out, run(args.smoke))
+    if args.histograms == "both":
+        C.write(args.out, both(args.smoke))
+    else:
+        C.write(args.out, run(args.smoke, args.histograms))
 
 
 if __name__ == "__main__":

@@ -64,6 +64,7 @@ class RolloutConfig:
     ttft_buckets: tuple[float, ...] = DEFAULT_TTFT_BUCKETS
     tpot_buckets: tuple[float, ...] = DEFAULT_TPOT_BUCKETS
     token_buckets: tuple[float, ...] = DEFAULT_TOKEN_BUCKETS
+    histograms: str = "exponential"
     content_max_length: int = 1024
     tail_quantile: float = 0.9
     step_summary: bool = False
@@ -166,6 +167,13 @@ def _seconds_range(low: float, high: float) -> Callable[[str], float]:
     return parse
 
 
+def _histograms(raw: str) -> str:
+    low = raw.lower()
+    if low not in ("exponential", "explicit"):
+        raise ConfigError("expected exponential or explicit")
+    return low
+
+
 def _path(raw: str) -> str:
     if "\x00" in raw:
         raise ConfigError("contains a NUL byte")
@@ -195,6 +203,10 @@ SETTINGS: tuple[Setting[Any], ...] = (
     Setting("OTEL_ROLLOUT_TOKEN_BUCKETS", "token_buckets", _buckets,
             "Histogram boundaries in tokens for input/output token usage (response length).",
             _render_buckets),
+    Setting("OTEL_ROLLOUT_HISTOGRAMS", "histograms", _histograms,
+            "Latency, TTFT, TPOT, queue-time and token histograms: `exponential` (base-2, served as "
+            "Prometheus native histograms) where the reader supports it, or `explicit` (the buckets "
+            "above) everywhere."),
     Setting("OTEL_ROLLOUT_CONTENT_MAX_LENGTH", "content_max_length", _int_range(0, 1_000_000),
             "Characters of prompt/response text kept per message when content capture is on."),
     Setting("OTEL_ROLLOUT_TAIL_QUANTILE", "tail_quantile", _quantile,

@@ -8,6 +8,12 @@ Label conventions the queries rely on (see docs/PIPELINE.md):
   job       service.name of the worker (collector path) or the scrape job (direct scrape)
   instance  service.instance.id, i.e. the replica (collector path) or host:port (direct scrape)
 Datasource uids are the ones provisioned in grafana/provisioning/datasources/datasources.yaml.
+
+Request-level histograms (latency, TTFT, TPOT, queue time, token usage) may arrive as Prometheus
+native histograms (exponential, OTEL_ROLLOUT_HISTOGRAMS=exponential, Prometheus with
+--enable-feature=native-histograms) or as classic _bucket/_sum/_count series (anything else).
+Every query over them asks the native series first and falls back to the classic form with
+`or` (see native_or_classic), so the same dashboard works on both and on a mix.
 """
 
 from __future__ import annotations
@@ -66,6 +72,49 @@ def mean_per_step(metric: str, selector: str = STEP, by: str = "") -> str:
             f" / sum{grp} (increase({metric}_count{{{selector}}}[{RI}]))")
 
 
+def native_or_classic(native: str, classic: str, on: str | None = None) -> str:
+    """``native or classic``: the classic answer only where no native series answered.
+
+    ``on`` is the label list the two sides match on; ``on=""`` (``or on()``) takes the classic
+    side only when the native side is empty altogether — needed when the two sides' label sets
+    differ (a native histogram has no ``le``), as in heatmaps.
+    """
+    op = "or" if on is None else f"or on({on})"
+    return f"{native} {op} {classic}"
+
+
+def quantile(q: str, metric: str, selector: str, by: str = "") -> str:
+    """histogram_quantile over the native histogram, else over the classic buckets."""
+    grp = f" by ({by})" if by else ""
+    le = f"{by}, le" if by else "le"
+    return native_or_classic(
+        f"histogram_quantile({q}, sum{grp} (rate({metric}{{{selector}}}[{RI}])))",
+        f"histogram_quantile({q}, sum by ({le}) (rate({metric}_bucket{{{selector}}}[{RI}])))")
+
+
+def count_rate(metric: str, selector: str, by: str = "") -> str:
+    """Observations per second of a request histogram (native count, else _count)."""
+    grp = f" by ({by})" if by else ""
+    return native_or_classic(
+        f"sum{grp} (histogram_count(rate({metric}{{{selector}}}[{RI}])))",
+        f"sum{grp} (rate({metric}_count{{{selector}}}[{RI}]))")
+
+
+def sum_rate(metric: str, selector: str, by: str = "") -> str:
+    """Sum of observations per second of a request histogram (native sum, else _sum)."""
+    grp = f" by ({by})" if by else ""
+    return native_or_classic(
+        f"sum{grp} (histogram_sum(rate({metric}{{{selector}}}[{RI}])))",
+        f"sum{grp} (rate({metric}_sum{{{selector}}}[{RI}]))")
+
+
+def heatmap_expr(metric: str, selector: str) -> str:
+    """Per-interval histogram for a heatmap: native buckets, else classic ``le`` buckets."""
+    return native_or_classic(
+        f"sum(increase({metric}{{{selector}}}[{RI}]))",
+        f"sum by (le) (increase({metric}_bucket{{{selector}}}[{RI}]))", on="")
+
+
 def legend_bottom() -> cb.VizLegendOptions:
     return (cb.VizLegendOptions().show_legend(True).display_mode(cm.LegendDisplayMode.LIST)
             .placement(cm.LegendPlacement.BOTTOM))
@@ -104,10 +153,14 @@ def variables() -> list[db.QueryVariable | db.CustomVariable]:
                 .multi(True).include_all(True).all_value(".*")
                 .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC))
 
-    base = "gen_ai_server_request_duration_seconds_count"
+    # native series (no suffix) or classic _count: whichever this Prometheus stores
+    base = '{__name__=~"gen_ai_server_request_duration_seconds(_count)?"}'
+
     return [
         qvar("service", "Service", f"label_values({base}, job)"),
-        qvar("replica", "Replica", f'label_values({base}{{job=~"$service"}}, instance)'),
+        qvar("replica", "Replica",
+             'label_values({__name__=~"gen_ai_server_request_duration_seconds(_count)?", '
+             'job=~"$service"}, instance)'),
         qvar("provider", "Provider", f"label_values({base}, gen_ai_provider_name)"),
         qvar("model", "Model", f"label_values({base}, gen_ai_request_model)"),
         (db.CustomVariable("min_duration").label("Slow request (TraceQL)")
@@ -119,24 +172,25 @@ def row_latency(d: db.Dashboard) -> db.Dashboard:
     d = d.with_row(db.Row("Request latency and response length"))
     d = d.with_panel(latency_heatmap(
         "Request latency (exemplars open the trace)",
-        f"sum by (le) (increase(gen_ai_server_request_duration_seconds_bucket{{{REQ}}}[{RI}]))",
+        heatmap_expr("gen_ai_server_request_duration_seconds", REQ),
         "s", "End-to-end generate latency per request; the long tail is the thin band at the top."))
     d = d.with_panel(latency_heatmap(
         "Response length (output tokens)",
-        f'sum by (le) (increase(gen_ai_client_token_usage_bucket{{{REQ}, gen_ai_token_type="output"}}[{RI}]))',
+        heatmap_expr("gen_ai_client_token_usage", f'{REQ}, gen_ai_token_type="output"'),
         "short", "Output tokens per request; a length tail drives the latency tail."))
     def quant(q: str) -> str:
-        return (f"histogram_quantile({q}, sum by (le) "
-                f"(rate(gen_ai_server_request_duration_seconds_bucket{{{REQ}}}[{RI}])))")
+        return quantile(q, "gen_ai_server_request_duration_seconds", REQ)
     d = d.with_panel(ts(
         "Request latency p50 / p90 / p99 / max", "s",
         prom("A", quant("0.5"), "p50"),
         prom("B", quant("0.9"), "p90"),
         prom("C", quant("0.99"), "p99", exemplar=True),
         prom("D", quant("1"), "max (bucket bound)"),
-        description="Quantiles from the request-duration histogram; max is the upper bound of the highest non-empty bucket."))
+        description="Quantiles from the request-duration histogram (native where stored: buckets a few "
+                    "percent wide; else the classic buckets); max is the upper bound of the highest "
+                    "non-empty bucket."))
     def tq(m: str) -> str:
-        return f"histogram_quantile(0.9, sum by (le) (rate({m}_bucket{{{REQ}}}[{RI}])))"
+        return quantile("0.9", m, REQ)
     d = d.with_panel(ts(
         "Queue time, TTFT and time per output token (p90)", "s",
         prom("A", tq("rollout_request_queue_time_seconds"), "queue p90"),
@@ -188,19 +242,20 @@ def row_engines(d: db.Dashboard) -> db.Dashboard:
              "{{instance}} {{gen_ai_request_model}}")))
     d = d.with_panel(ts(
         "Throughput (tokens/s)", "short",
-        prom("A", f"sum by (gen_ai_token_type) (rate(gen_ai_client_token_usage_sum{{{REQ}}}[{RI}]))",
+        prom("A", sum_rate("gen_ai_client_token_usage", REQ, by="gen_ai_token_type"),
              "{{gen_ai_token_type}} tokens/s"), w=12))
     d = d.with_panel(ts(
         "Finish-reason mix", "percentunit",
-        prom("A", f"sum by (rollout_finish_reason) (rate(gen_ai_server_request_duration_seconds_count{{{REQ}}}[{RI}]))",
+        prom("A", count_rate("gen_ai_server_request_duration_seconds", REQ, by="rollout_finish_reason"),
              "{{rollout_finish_reason}}"), percent=True, w=8))
     d = d.with_panel(
         stat.Panel().title("Truncation rate (finish_reason=length)").datasource(PROM).unit("percentunit")
         .span(4).height(8).decimals(1)
         .with_target(prom(
             "A",
-            f'sum(rate(gen_ai_server_request_duration_seconds_count{{{REQ}, rollout_finish_reason="length"}}[{RI}]))'
-            f" / sum(rate(gen_ai_server_request_duration_seconds_count{{{REQ}}}[{RI}]))",
+            "(" + count_rate("gen_ai_server_request_duration_seconds",
+                             f'{REQ}, rollout_finish_reason="length"') + ")"
+            " / (" + count_rate("gen_ai_server_request_duration_seconds", REQ) + ")",
             "truncated")))
     return d
 

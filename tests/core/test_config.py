@@ -29,6 +29,7 @@ MALFORMED = [
     ("OTEL_ROLLOUT_TTFT_BUCKETS", "nan"),
     ("OTEL_ROLLOUT_TPOT_BUCKETS", ",".join(str(i) for i in range(1, 300))),  # too many
     ("OTEL_ROLLOUT_TOKEN_BUCKETS", "1;2;3"),
+    ("OTEL_ROLLOUT_HISTOGRAMS", "native"),
     ("OTEL_ROLLOUT_CONTENT_MAX_LENGTH", "lots"),
     ("OTEL_ROLLOUT_CONTENT_MAX_LENGTH", "-1"),
     ("OTEL_ROLLOUT_CONTENT_MAX_LENGTH", "1.5"),

@@ -1,9 +1,13 @@
 """Real Prometheus scrapes a real instrumented vLLM run through our exemplar-carrying endpoint.
 
-The run keeps vLLM's engine stats on: queue time exists only then (README, timing table).
+One run of a few hundred long-tailed requests is scraped by two real Prometheus 2.42 at once:
+one with native histograms on (it negotiates the protobuf exposition and stores our exponential
+histograms as native histograms) and one without (OpenMetrics text: classic buckets derived
+from the exponential ones). The run keeps vLLM's engine stats on: queue time exists only then.
 
-Every PromQL expression in the committed dashboards and rules is executed and must return data;
-``histogram_quantile`` agrees with the true p99; exemplars lead to real request spans.
+On both: every PromQL expression of the committed dashboards and rules returns data (native
+form or its classic fallback), and exemplars lead to real request spans. Native quantiles are
+within 10 % of the true quantiles of the request spans; classic ones within their bucket.
 """
 
 from __future__ import annotations
@@ -11,22 +15,18 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
-import socket
 import subprocess
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from otel_rollout.config import DEFAULT_LATENCY_BUCKETS
-from tests.e2e.runner import REPO, instrument_command, workload_env
-from tests.pipeline.promql import all_promql_expressions
 from testkit.otlp_receiver import OTLPReceiver, attr
+from tests.e2e.runner import REPO, instrument_command, workload_env
+from tests.pipeline.prometheus_process import Prometheus, free_port
+from tests.pipeline.promql import all_promql_expressions
 
 pytestmark = [pytest.mark.vllm, pytest.mark.prometheus]
 
@@ -34,61 +34,41 @@ pytestmark = [pytest.mark.vllm, pytest.mark.prometheus]
 # Collector binary); everything else is produced by the package itself.
 COLLECTOR_ONLY = re.compile(r"traces_span_metrics_")
 COMPARISON = re.compile(r"\s(?:>|<|>=|<=|==|!=)\s")
+STEPS, BATCH = 4, 64
+NATIVE = "gen_ai_server_request_duration_seconds"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class Run:
+    def __init__(self, native: Prometheus, classic: Prometheus, truth: list[Any],
+                 receiver: OTLPReceiver) -> None:
+        self.prom = {"native": native, "classic": classic}
+        self.truth = truth
+        self.receiver = receiver
 
+    def request_spans(self) -> list[Any]:
+        return [s for s in self.receiver.spans() if attr(s.attributes, "gen_ai.usage.output_tokens")]
 
-class Prometheus:
-    def __init__(self, tmp: Path, target_port: int) -> None:
-        binary = shutil.which("prometheus")
-        if binary is None:
-            pytest.fail("prometheus not found: apt-get install -y --no-install-recommends prometheus")
-        self.port = _free_port()
-        config = tmp / "prometheus.yml"
-        config.write_text(json.dumps({
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(REPO / "collector" / "prometheus" / "rules.yml")],
-            "scrape_configs": [{"job_name": "rollout-e2e",
-                                "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]}],
-        }))
-        self.proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{self.port}",
-             "--enable-feature=exemplar-storage"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def api(self, path: str, **params: Any) -> Any:
-        url = f"http://127.0.0.1:{self.port}/api/v1/{path}?{urllib.parse.urlencode(params)}"
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            body = json.load(resp)
-        assert body["status"] == "success", body
-        return body["data"]
-
-    def query(self, expr: str) -> list[Any]:
-        return list(self.api("query", query=expr)["result"])
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
+    def durations(self) -> list[float]:
+        return sorted((s.end_time_unix_nano - s.start_time_unix_nano) / 1e9
+                      for s in self.request_spans())
 
 
 @pytest.fixture(scope="module")
 def scraped_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: str,
-                vllm_module: Any) -> Iterator[tuple[Prometheus, list[Any], OTLPReceiver]]:
-    tmp = tmp_path_factory.mktemp("prom")
-    metrics_port = _free_port()
-    prom = Prometheus(tmp, metrics_port)
+                vllm_module: Any) -> Iterator[Run]:
+    metrics_port = free_port()
+    rules = [str(REPO / "prometheus" / "rules.yml")]
+    native = Prometheus(tmp_path_factory.mktemp("prom-native"), metrics_port, native=True,
+                        rule_files=rules)
+    classic = Prometheus(tmp_path_factory.mktemp("prom-classic"), metrics_port, native=False,
+                         rule_files=rules)
     receiver = OTLPReceiver().start()
     env = workload_env(OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="rollout_prometheus",
                        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint,
                        OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
                        OTEL_EXPORTER_PROMETHEUS_PORT=str(metrics_port))
-    proc = subprocess.Popen(instrument_command("--model", tiny_model, "--steps", "4",
-                                               "--batch", "24", "--linger",
+    proc = subprocess.Popen(instrument_command("--model", tiny_model, "--steps", str(STEPS),
+                                               "--batch", str(BATCH), "--linger",
                                                "--engine-stats"),
                             env=env, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
@@ -101,17 +81,20 @@ def scraped_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: str,
             if line.strip() == "DONE":
                 break
         assert proc.poll() is None, "workload exited before lingering"
-        # Let rules evaluate and rate windows fill: several scrapes after the last request.
-        time.sleep(6)
         receiver.wait_for(lambda r: sum(1 for s in r.spans()
                                         if attr(s.attributes, "gen_ai.usage.output_tokens")) == len(truth))
-        yield prom, truth, receiver
+        native.wait_for(f"histogram_count(sum({NATIVE})) == {len(truth)}")
+        classic.wait_for(f'sum({NATIVE}_bucket{{le="+Inf"}}) == {len(truth)}')
+        # Let rules evaluate and rate windows fill: several scrapes after the last request.
+        time.sleep(6)
+        yield Run(native, classic, truth, receiver)
     finally:
         if proc.stdin:
             proc.stdin.close()
         proc.wait(timeout=60)
         receiver.stop()
-        prom.stop()
+        native.stop()
+        classic.stop()
 
 
 def _evaluable(source: str, expr: str) -> str:
@@ -122,9 +105,10 @@ def _evaluable(source: str, expr: str) -> str:
     return expr
 
 
-def test_every_dashboard_and_rule_expression_returns_data(scraped_run: Any) -> None:
-    prom, truth, _ = scraped_run
-    assert len(truth) == 96
+@pytest.mark.parametrize("kind", ["native", "classic"])
+def test_every_dashboard_and_rule_expression_returns_data(scraped_run: Run, kind: str) -> None:
+    prom = scraped_run.prom[kind]
+    assert len(scraped_run.truth) == STEPS * BATCH
     empty = []
     checked = 0
     for source, expr in all_promql_expressions(REPO):
@@ -133,34 +117,53 @@ def test_every_dashboard_and_rule_expression_returns_data(scraped_run: Any) -> N
         query = _evaluable(source, expr)
         result = prom.query(query)
         checked += 1
-        if not result or all(math.isnan(float(r["value"][1])) for r in result):
+        values = [r["value"][1] for r in result if "value" in r]
+        if not result or (values and all(math.isnan(float(v)) for v in values)):
             empty.append(f"{source}: {query}")
     assert checked >= 30
-    assert not empty, "expressions without data:\n" + "\n".join(empty)
+    assert not empty, f"{kind}: expressions without data:\n" + "\n".join(empty)
 
 
-def test_histogram_quantile_p99_within_one_bucket(scraped_run: Any) -> None:
-    prom, truth, receiver = scraped_run
-    spans = [s for s in receiver.spans() if attr(s.attributes, "gen_ai.usage.output_tokens")]
-    durations = sorted((s.end_time_unix_nano - s.start_time_unix_nano) / 1e9 for s in spans)
+def test_each_prometheus_stores_the_form_it_asked_for(scraped_run: Run) -> None:
+    native, classic = scraped_run.prom["native"], scraped_run.prom["classic"]
+    (series,) = native.query(f"sum({NATIVE})")
+    assert "histogram" in series and not native.query(f"{NATIVE}_bucket")
+    assert classic.query(f"{NATIVE}_bucket") and not classic.query(NATIVE)
+
+
+def test_native_quantiles_within_ten_percent_of_the_request_spans(scraped_run: Run) -> None:
+    durations = scraped_run.durations()
+    assert len(durations) == STEPS * BATCH
+    report = []
+    for q in (0.5, 0.9, 0.99):
+        true = durations[math.ceil(q * len(durations)) - 1]
+        native = scraped_run.prom["native"].scalar(f"histogram_quantile({q}, sum({NATIVE}))")
+        classic = scraped_run.prom["classic"].scalar(
+            f"histogram_quantile({q}, sum by (le) ({NATIVE}_bucket))")
+        report.append(f"p{round(q * 100)}: spans {true:.4f}s native {native:.4f}s "
+                      f"({(native - true) / true:+.1%}) classic {classic:.4f}s "
+                      f"({(classic - true) / true:+.1%})")
+        assert abs(native - true) / true <= 0.10, report
+    print("\n".join(report))
+
+
+def test_classic_p99_within_one_bucket(scraped_run: Run) -> None:
+    durations = scraped_run.durations()
     true_p99 = durations[math.ceil(0.99 * len(durations)) - 1]
-    (sample,) = prom.query('histogram_quantile(0.99, sum by (le) '
-                           '(gen_ai_server_request_duration_seconds_bucket))')
-    estimate = float(sample["value"][1])
+    estimate = scraped_run.prom["classic"].scalar(
+        f"histogram_quantile(0.99, sum by (le) ({NATIVE}_bucket))")
     bounds = [0.0, *DEFAULT_LATENCY_BUCKETS]
     index = next(i for i, b in enumerate(bounds) if true_p99 <= b)
     low, high = bounds[max(0, index - 2)], bounds[min(len(bounds) - 1, index + 1)]
     assert low <= estimate <= high, (true_p99, estimate)
 
 
-def test_exemplars_point_at_real_request_spans(scraped_run: Any) -> None:
-    prom, _, receiver = scraped_run
-    now = time.time()
-    data = prom.api("query_exemplars", query="gen_ai_server_request_duration_seconds_bucket",
-                    start=now - 600, end=now)
-    trace_ids = {ex["labels"]["trace_id"] for series in data for ex in series["exemplars"]}
-    span_ids = {ex["labels"]["span_id"] for series in data for ex in series["exemplars"]}
-    requests = [s for s in receiver.spans() if attr(s.attributes, "gen_ai.usage.output_tokens")]
+@pytest.mark.parametrize("kind, selector", [("native", NATIVE), ("classic", f"{NATIVE}_bucket")])
+def test_exemplars_point_at_real_request_spans(scraped_run: Run, kind: str, selector: str) -> None:
+    exemplars = scraped_run.prom[kind].exemplars(selector)
+    trace_ids = {ex["labels"]["trace_id"] for ex in exemplars}
+    span_ids = {ex["labels"]["span_id"] for ex in exemplars}
+    requests = scraped_run.request_spans()
     assert trace_ids and span_ids
     assert span_ids <= {s.span_id.hex() for s in requests}
     assert trace_ids <= {s.trace_id.hex() for s in requests}

@@ -128,7 +128,7 @@ def all_promql_expressions(repo_root: str | Path) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for path in sorted((root / "grafana" / "dashboards").glob("*.json")):
         out += _dashboard_expressions(path, path.relative_to(root).as_posix())
-    for path in sorted((root / "collector" / "prometheus").glob("*rules*.y*ml")):
+    for path in sorted((root / "prometheus").glob("*rules*.y*ml")):
         out += _rules_expressions(path, path.relative_to(root).as_posix())
     for path in sorted((root / "grafana" / "provisioning" / "datasources").glob("*.y*ml")):
         out += _datasource_expressions(path, path.relative_to(root).as_posix())

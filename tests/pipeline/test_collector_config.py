@@ -241,3 +241,23 @@ def test_agent_routes_by_trace_id_and_does_not_sample(repo_root: Path) -> None:
     assert traces and all(_type(n) == "traces" for n in traces)
     gw = _load(repo_root, "collector/multinode/gateway.yaml")
     assert gw["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].endswith(":4317")
+
+
+def test_exponential_histograms_remote_written_as_native_histograms(repo_root: Path) -> None:
+    """0.136's prometheus exporter drops exponential histograms; remote write carries them."""
+    for rel in ("collector/otelcol.yaml", "collector/multinode/agent.yaml"):
+        cfg = _load(repo_root, rel)
+        pipelines = cfg["service"]["pipelines"]
+        processors = cfg["processors"]
+
+        def conditions(pipeline: dict) -> list[str]:
+            return [c for p in pipeline["processors"] if _type(p) == "filter"
+                    for c in processors[p]["metrics"]["metric"]]
+
+        (scrape,) = _pipelines_with(cfg, "prometheus", "exporters")
+        assert conditions(pipelines[scrape]) == ["type == METRIC_DATA_TYPE_EXPONENTIAL_HISTOGRAM"]
+        (native,) = _pipelines_with(cfg, "prometheusremotewrite", "exporters")
+        assert pipelines[native]["receivers"] == ["otlp"], f"{rel}: every OTLP metric, once"
+        assert conditions(pipelines[native]) == ["type != METRIC_DATA_TYPE_EXPONENTIAL_HISTOGRAM"]
+        endpoint = _env_default(cfg["exporters"]["prometheusremotewrite"]["endpoint"])
+        assert endpoint.endswith("/api/v1/write"), rel

@@ -94,6 +94,8 @@ def test_provisioning_mounted_as_is(compose: dict) -> None:
     assert "./prometheus/rules.yml:/etc/prometheus/rules.yml:ro" in prom["volumes"]
     assert "--enable-feature=exemplar-storage" in prom["command"]
     assert "--web.enable-remote-write-receiver" in prom["command"]
+    # exponential histograms reach Prometheus as native histograms (scrape or remote write)
+    assert "--enable-feature=native-histograms" in prom["command"]
 
 
 def test_slow_request_threshold_reaches_collector(compose: dict) -> None:
