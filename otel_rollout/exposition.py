@@ -306,7 +306,7 @@ class OpenMetricsExemplarReader(MetricReader):
         return bytes(out)
 
     def _family_pb(self, metric: Metric) -> bytes | None:
-        data = metric.data
+        data: Any = metric.data  # the SDK may grow new point kinds: those are refused, not fatal
         name, _unit = metric_name(metric.name, metric.unit or "")
         doc = metric.description or metric.name
         points: list[Any] = list(data.data_points)
@@ -353,7 +353,7 @@ class OpenMetricsExemplarReader(MetricReader):
             HistogramMetricFamily,
         )
 
-        data = metric.data
+        data: Any = metric.data  # the SDK may grow new point kinds: those are refused, not fatal
         name, unit = metric_name(metric.name, metric.unit or "")
         doc = metric.description or metric.name
         points: list[Any] = list(data.data_points)
