@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from otel_rollout.config import describe, load_config
+from otel_rollout.config import describe, load_config, path_problems
 
 
 def _check(_: argparse.Namespace) -> int:
@@ -14,10 +14,11 @@ def _check(_: argparse.Namespace) -> int:
     width = max(len(name) for name, _, _ in describe(config))
     for name, value, doc in describe(config):
         print(f"{name:<{width}}  {value}\n{'':<{width}}  {doc}")
-    for problem in config.problems:
+    problems = [*config.problems, *path_problems(config)]
+    for problem in problems:
         print(f"error: {problem.message()}", file=sys.stderr)
-    if config.problems:
-        names = ", ".join(p.variable for p in config.problems)
+    if problems:
+        names = ", ".join(p.variable for p in problems)
         print(f"invalid configuration: {names}", file=sys.stderr)
         return 1
     print("configuration ok")

@@ -263,6 +263,38 @@ def load_config(environ: Mapping[str, str] | None = None, *, warn: bool = True) 
     return RolloutConfig(**values, problems=tuple(problems))
 
 
+def _writable(path: str, *, directory: bool) -> str | None:
+    """Why nothing could be written at ``path`` (a file, or a directory to create), else None."""
+    target = os.path.abspath(path)
+    if os.path.exists(target):
+        if directory != os.path.isdir(target):
+            return "is a directory" if not directory else "is not a directory"
+        probe = target if directory else os.path.dirname(target)
+        if not os.access(target if not directory else probe, os.W_OK):
+            return "is not writable"
+        return None
+    parent = os.path.dirname(target)
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be created: {parent or '/'} is not a writable directory"
+    return None
+
+
+def path_problems(config: RolloutConfig) -> list[Problem]:
+    """Output paths where nothing can be written: a check for ``otel-rollout check``.
+
+    Parsing never touches the filesystem (a worker may start before a shared volume is mounted);
+    the check does, so a launcher learns before the run that no step log would be kept.
+    """
+    problems = []
+    for env, value, directory in (("OTEL_ROLLOUT_STEP_LOG", config.step_log, False),
+                                  ("OTEL_ROLLOUT_REPORT_DIR", config.report_dir, True)):
+        if value is not None and (reason := _writable(value, directory=directory)) is not None:
+            problems.append(Problem(env, value, reason, "(unset): nothing is written"))
+    return problems
+
+
 def describe(config: RolloutConfig) -> list[tuple[str, str, str]]:
     """(variable, effective value, meaning) rows, for ``otel-rollout check`` and the README."""
     rows = [(s.env, s.render(getattr(config, s.attr)), s.doc) for s in SETTINGS]

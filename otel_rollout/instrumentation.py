@@ -133,6 +133,9 @@ class LibraryInstrumentor(BaseInstrumentor):
     engine_module = ""
     engine_name = ""
     min_version: tuple[int, ...] = ()
+    """Older versions are refused (one warning, nothing patched)."""
+    max_tested: tuple[int, ...] = ()
+    """The newest version the test suite ran against: newer ones are instrumented, with a warning."""
 
     def _targets(self) -> list[Target]:
         raise NotImplementedError
@@ -181,6 +184,12 @@ class LibraryInstrumentor(BaseInstrumentor):
                                 "instrumented", self.engine_name, version,
                                 ".".join(map(str, self.min_version)), self.engine_name)
                 return
+            tested = self.max_tested
+            if tested and version_tuple(version)[:len(tested)] > tested:
+                log.warn(f"{self.engine_name} untested version",
+                         "otel_rollout: %s %s is newer than the newest tested (%s); it is "
+                         "instrumented, and a target it lacks is reported", self.engine_name,
+                         version, ".".join(map(str, tested)))
             by_module: dict[str, list[Target]] = {}
             for target in self._targets():
                 by_module.setdefault(target.module, []).append(target)

@@ -152,6 +152,7 @@ class RayInstrumentor(LibraryInstrumentor):
     engine_module = "ray"
     engine_name = "Ray"
     min_version = (2, 9)
+    max_tested = (2, 60, 0)
 
     def _targets(self) -> list[Target]:
         return [

@@ -18,6 +18,7 @@ class SGLangInstrumentor(EngineInstrumentor):
     engine_name = "SGLang"
     provider = adapter.PROVIDER
     min_version = (0, 5)
+    max_tested = (0, 5, 23)
 
     def targets(self, telemetry: Telemetry) -> list[Target]:
         engine = "sglang.srt.entrypoints.engine"

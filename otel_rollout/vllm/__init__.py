@@ -18,6 +18,7 @@ class VLLMInstrumentor(EngineInstrumentor):
     engine_name = "vLLM"
     provider = adapter.PROVIDER
     min_version = (0, 10)
+    max_tested = (0, 32, 0)
 
     def targets(self, telemetry: Telemetry) -> list[Target]:
         watch = watch_global_tracer_provider(self.engine_name)

@@ -1,0 +1,87 @@
+"""The hook layer on real (stdlib) modules: lazy application, version gates, exact undo.
+
+``LibraryInstrumentor`` is engine-neutral; a stdlib module stands in for "a library the program
+may or may not import", so these run without any engine. (The engine instrumentors are tested the
+same way on the real engines in tests/vllm, tests/sglang, tests/steps.)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def _run(body: str) -> subprocess.CompletedProcess[str]:
+    code = textwrap.dedent('''
+        import logging, sys
+        logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="LOG %(message)s")
+        from otel_rollout.instrumentation import LibraryInstrumentor, Target
+        import otel_rollout.instrumentation as layer
+
+        calls = []
+        def wrapper(wrapped, instance, args, kwargs):
+            calls.append(args)
+            return wrapped(*args, **kwargs)
+
+        class Colors(LibraryInstrumentor):
+            engine_module = "colorsys"
+            engine_name = "colorsys"
+            min_version = (1,)
+            max_tested = (2, 0)
+            def _targets(self):
+                return [Target("colorsys", "rgb_to_hsv", wrapper)]
+        ''') + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+def test_applied_only_when_the_program_imports_the_module() -> None:
+    out = _run('''
+        layer.module_version = lambda name: "1.5"
+        Colors().instrument()
+        assert "colorsys" not in sys.modules          # instrumenting imported nothing
+        import colorsys
+        colorsys.rgb_to_hsv(0.1, 0.2, 0.3)
+        print("calls", len(calls))
+        Colors().uninstrument()
+        colorsys.rgb_to_hsv(0.1, 0.2, 0.3)
+        print("after", len(calls), hasattr(colorsys.rgb_to_hsv, "__wrapped__"))
+    ''')
+    assert out.returncode == 0, out.stderr
+    assert "calls 1" in out.stdout and "after 1 False" in out.stdout
+
+
+def test_uninstrument_before_import_retires_the_hook() -> None:
+    out = _run('''
+        layer.module_version = lambda name: "1.5"
+        Colors().instrument(); Colors().uninstrument()
+        import colorsys
+        colorsys.rgb_to_hsv(0.1, 0.2, 0.3)
+        print("calls", len(calls))
+    ''')
+    assert out.returncode == 0, out.stderr
+    assert "calls 0" in out.stdout
+
+
+@pytest.mark.parametrize("version, patched, message", [
+    ("0.9", False, "older than the supported 1"),
+    ("3.1", True, "newer than the newest tested (2.0)"),
+    ("2.0.7", True, None),
+])
+def test_version_gates(version: str, patched: bool, message: str | None) -> None:
+    out = _run(f'''
+        layer.module_version = lambda name: "{version}"
+        import colorsys
+        Colors().instrument()
+        colorsys.rgb_to_hsv(0.1, 0.2, 0.3)
+        print("calls", len(calls))
+    ''')
+    assert out.returncode == 0, out.stderr
+    assert f"calls {int(patched)}" in out.stdout
+    logs = [line for line in out.stdout.splitlines() if line.startswith("LOG ")]
+    if message is None:
+        assert logs == []
+    else:
+        assert len(logs) == 1 and message in logs[0]
