@@ -185,14 +185,14 @@ class VerlInstrumentor(EngineInstrumentor):
 
     def _instrument(self, **kwargs: Any) -> None:
         # A fresh generation per instrument(): a hook registered by an earlier, since undone
-        # instrument() finds its generation stale and does nothing.
-        self._generation = generation = getattr(self, "_generation", 0) + 1
+        # instrument() finds its generation stale and does nothing (wrapt hooks cannot be removed).
+        self._verl_generation = generation = getattr(self, "_verl_generation", 0) + 1
         self._patched = []
 
         def on_import(module: Any) -> None:
             # Runs inside verl's import: an error here must not fail that import.
             try:
-                if self._generation == generation and not self._patched:
+                if self._verl_generation == generation and not self._patched:
                     EngineInstrumentor._instrument(self, **kwargs)
             except Exception as exc:
                 _warn_once("instrumenting verl", exc)
@@ -200,5 +200,5 @@ class VerlInstrumentor(EngineInstrumentor):
         wrapt.register_post_import_hook(on_import, AGENT_LOOP_MODULE)
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        self._generation = getattr(self, "_generation", 0) + 1
+        self._verl_generation = getattr(self, "_verl_generation", 0) + 1
         super()._uninstrument(**kwargs)

@@ -49,6 +49,8 @@ def job_env(endpoint: str) -> dict[str, str]:
         "OTEL_LOGS_EXPORTER": "none",
         "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
         "OTEL_BSP_SCHEDULE_DELAY": "200",
+        # process.pid on each exporter's resource: which process sent which span.
+        "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS": "otel,process",
         # The CPU engine's fast settings (testkit.engines); no in-process engine here: verl's
         # server actor starts AsyncLLM, which runs its engine core in a child process anyway.
         **{k: v for k, v in VLLM_ENV.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"},
@@ -74,7 +76,19 @@ def verl_run(verl_module: Any, tiny_model: str, module_receiver: OTLPReceiver,
     module_receiver.wait_for(lambda r: len(request_spans(r)) >= samples
                              and len(step_spans(r)) >= STEPS, timeout=30)
     print("verl job:", json.dumps(truth), file=sys.stderr)
+    for pid, names in exporters(module_receiver).items():
+        print(f"spans from pid {pid}: {dict(names)}", file=sys.stderr)
     return truth
+
+
+def exporters(receiver: OTLPReceiver) -> dict[Any, Counter[str]]:
+    """Which process (``process.pid`` resource attribute) exported which spans: for diagnosis."""
+    out: dict[Any, Counter[str]] = {}
+    for req in receiver.trace_requests:
+        for rs in req.resource_spans:
+            pid = attr(rs.resource.attributes, "process.pid")
+            out.setdefault(pid, Counter()).update(s.name for ss in rs.scope_spans for s in ss.spans)
+    return out
 
 
 def step_spans(receiver: OTLPReceiver) -> list[Any]:
