@@ -101,21 +101,20 @@ class GuardedStep:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> bool:
+                 tb: TracebackType | None) -> None:
         scope, self.scope = self.scope, None
         if scope is not None:
             try:
                 scope.__exit__(exc_type, exc, tb)
             except Exception as err:
                 _warn_once("closing the rollout step", err)
-        return False
 
     async def __aenter__(self) -> GuardedStep:
         return self.__enter__()
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> bool:
-        return self.__exit__(exc_type, exc, tb)
+                        tb: TracebackType | None) -> None:
+        self.__exit__(exc_type, exc, tb)
 
 
 def _is_coroutine_frame(frame: FrameType | None) -> bool:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require_module
 from testkit.otlp_receiver import OTLPReceiver
+from tests.conftest import require_module
 
 
 @pytest.fixture(scope="module")
