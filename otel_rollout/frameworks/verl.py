@@ -1,0 +1,174 @@
+"""``VerlInstrumentor``: verl's own step number becomes the rollout step, with no code change.
+
+verl's trainer puts the step into ``DataProto.meta_info["global_steps"]`` and hands the batch to
+``AgentLoopManager.generate_sequences`` (``verl/experimental/agent_loop/agent_loop.py``), the one
+call that fans a step's samples out to the agent-loop workers and waits for all of them. Running
+that call inside ``rollout_step(global_steps)`` makes the step span, and every request observed
+under it, carry verl's number. A batch without ``global_steps`` runs unchanged: a step number is
+never invented. When the caller already opened a step, the caller's step is kept.
+
+verl's ``generate_sequences`` is an ``async def`` behind verl's ``auto_await`` facade, which
+returns the coroutine to an ``async`` caller and runs it to completion for a sync caller, judged
+by the calling frame. The wrapper keeps that contract: it decides the same way from its own
+caller and, for an async caller, calls verl from a coroutine of its own, so verl still sees an
+async caller and still returns an awaitable.
+
+verl's modules are heavy to import (torch, ray, transformers: ~5 s here), and
+``opentelemetry-instrument`` runs in every process of a job, vLLM's engine-core children included.
+So nothing is imported up front: the patch is applied when the process itself imports verl's
+agent-loop module (a post-import hook), or at once when it already has.
+
+No legacy/SPMD boundary is wrapped: verl 0.9.1 retired the SPMD rollout (its vLLM
+``ServerAdapter.generate_sequences`` raises ``NotImplementedError``); what remains
+(``HFRollout``, ``NaiveRollout``) generates with plain transformers, where no engine instrumentor
+observes requests, and runs in the trainer's worker processes, not where the step is known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import sys
+from collections.abc import Callable
+from types import FrameType, TracebackType
+from typing import Any
+
+from otel_rollout.guard import LogOnce
+from otel_rollout.instrumentation import LibraryInstrumentor, Target, should_observe
+from otel_rollout.steps import StepScope, current_step, rollout_step
+
+_logger = logging.getLogger(__name__)
+
+AGENT_LOOP_MODULE = "verl.experimental.agent_loop.agent_loop"
+_log = LogOnce()
+
+
+def _warn_once(what: str, exc: BaseException) -> None:
+    """Our failure around verl's call: said once per site, and verl runs on without a step."""
+    _log.failed(f"verl ({what}; verl runs on without a rollout step)", exc)
+
+
+def step_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
+    """verl's step number and step attributes from the call's ``DataProto``; ``None`` if absent.
+
+    The batch is ``generate_sequences``' one argument (``prompts=`` by keyword in verl's own
+    callers). Only an integral ``global_steps`` counts; ``validate`` (verl's validation rollouts
+    reuse the step number they validate) becomes the ``rollout.step.validate`` attribute.
+    """
+    batch = args[0] if args else kwargs.get("prompts", kwargs.get("batch"))
+    meta = getattr(batch, "meta_info", None)
+    if not isinstance(meta, dict):
+        return None, {}
+    value = meta.get("global_steps")
+    if value is None or isinstance(value, bool):
+        return None, {}
+    try:
+        step = int(value)
+    except (TypeError, ValueError):
+        return None, {}
+    if step != value:  # 2.5 or "7": not a step number verl would use
+        return None, {}
+    attributes = {"validate": True} if meta.get("validate") is True else {}
+    return step, attributes
+
+
+class GuardedStep:
+    """``rollout_step`` that can fail without failing verl: our errors are logged once and the
+    call goes on unobserved; verl's exception passes through untouched (never swallowed)."""
+
+    def __init__(self, step: int, attributes: dict[str, Any]) -> None:
+        self.step = step
+        self.attributes = attributes
+        self.scope: StepScope | None = None
+
+    def __enter__(self) -> GuardedStep:
+        try:
+            scope = rollout_step(self.step, **self.attributes)
+            scope.__enter__()
+        except Exception as exc:
+            _warn_once("opening the rollout step", exc)
+        else:
+            self.scope = scope
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        scope, self.scope = self.scope, None
+        if scope is not None:
+            try:
+                scope.__exit__(exc_type, exc, tb)
+            except Exception as err:
+                _warn_once("closing the rollout step", err)
+
+    async def __aenter__(self) -> GuardedStep:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+def _is_coroutine_frame(frame: FrameType | None) -> bool:
+    """Whether ``frame`` (the wrapper's caller) is a coroutine: verl's own test, made on the
+    frame verl would have seen. wrapt's frames (none with its C extension) are skipped."""
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("wrapt"):
+        frame = frame.f_back
+    return frame is not None and bool(frame.f_code.co_flags & inspect.CO_COROUTINE)
+
+
+def _returns_awaitable(wrapped: Callable[..., Any], caller: FrameType | None) -> bool:
+    """True when verl would hand this caller an awaitable instead of a result.
+
+    A plain ``async def`` always does; verl's ``auto_await`` facade (a sync function whose
+    ``__wrapped__`` is a coroutine function) does when a loop is running and the caller is async.
+    """
+    if inspect.iscoroutinefunction(wrapped):
+        return True
+    if not inspect.iscoroutinefunction(getattr(wrapped, "__wrapped__", None)):
+        return False
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return _is_coroutine_frame(caller)
+
+
+async def _in_step_async(wrapped: Callable[..., Any], args: tuple[Any, ...],
+                         kwargs: dict[str, Any], step: int, attributes: dict[str, Any]) -> Any:
+    async with GuardedStep(step, attributes):
+        # Called from this coroutine, verl's auto_await sees an async caller: it returns the
+        # coroutine, as it would have to the original caller.
+        return await wrapped(*args, **kwargs)
+
+
+def generate_sequences_wrapper(wrapped: Callable[..., Any], instance: Any,
+                               args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``AgentLoopManager.generate_sequences`` inside ``rollout_step(meta_info["global_steps"])``."""
+    try:
+        step, attributes = step_of(args, kwargs)
+        if step is not None and (not should_observe() or current_step() is not None):
+            step = None  # suppressed, or the caller opened its own step: leave verl alone
+        awaitable = step is not None and _returns_awaitable(wrapped, sys._getframe(1))
+    except Exception as exc:
+        _warn_once("reading verl's global_steps", exc)
+        step = None
+    if step is None:
+        return wrapped(*args, **kwargs)
+    if awaitable:
+        return _in_step_async(wrapped, args, kwargs, step, attributes)
+    with GuardedStep(step, attributes):
+        return wrapped(*args, **kwargs)
+
+
+class VerlInstrumentor(LibraryInstrumentor):
+    """Puts each verl rollout call into the training step verl is on (``global_steps``)."""
+
+    engine_module = "verl"
+    engine_name = "verl"
+    min_version = (0, 5)
+    max_tested = (0, 9, 1)
+
+    def _targets(self) -> list[Target]:
+        return [Target(AGENT_LOOP_MODULE, "AgentLoopManager.generate_sequences",
+                       generate_sequences_wrapper)]
