@@ -24,7 +24,12 @@ from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
 from opentelemetry.semconv.attributes import error_attributes
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
-from otel_rollout.config import DEFAULT_RATIO_BUCKETS, IDLE_CAPACITY_BUCKETS, RolloutConfig, load_config
+from otel_rollout.config import (
+    DEFAULT_RATIO_BUCKETS,
+    IDLE_CAPACITY_BUCKETS,
+    RolloutConfig,
+    load_config,
+)
 from otel_rollout.context import current_step, step_number
 from otel_rollout.guard import LogOnce
 from otel_rollout.semconv import (
