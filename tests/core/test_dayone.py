@@ -4,14 +4,14 @@ through ``runtime_env()``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from opentelemetry import baggage
 from opentelemetry import context as otel_context
 
-from otel_rollout import set_step
+from otel_rollout import set_step, steps
 from otel_rollout.config import IDLE_CAPACITY_BUCKETS, RolloutConfig
 from otel_rollout.ray import runtime_env
 from otel_rollout.record import model_label
@@ -42,6 +42,14 @@ def test_model_label(name: object, label: str) -> None:
 
 
 # --- step numbers under OTEL_ROLLOUT_BATCH_AS_STEP ---------------------------------------------
+
+@pytest.fixture(autouse=True)
+def _restore_step_numbering() -> Iterator[None]:
+    """set_step is process-wide: leave the numbering as found for tests that count from 1."""
+    saved = steps._AUTO_STEPS._next
+    yield
+    steps._AUTO_STEPS.set(saved)
+
 
 def _batch_calls(telemetry: Telemetry, model: str, calls: int) -> None:
     for _ in range(calls):
