@@ -7,12 +7,12 @@ from typing import Any
 
 from otel_rollout.analysis import StepStats
 from otel_rollout.context import current_step
-from otel_rollout.steps import rollout_step
+from otel_rollout.steps import rollout_step, set_step
 from otel_rollout.version import __version__
 
 __all__ = [
     "SGLangInstrumentor", "StepStats", "VLLMInstrumentor", "__version__", "current_step",
-    "rollout_step",
+    "rollout_step", "set_step",
 ]
 
 

@@ -33,6 +33,12 @@ DEFAULT_TOKEN_BUCKETS: tuple[float, ...] = (
     1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144,
 )
 DEFAULT_RATIO_BUCKETS: tuple[float, ...] = (1, 1.25, 1.5, 2, 3, 5, 10, 20, 50, 100)
+# rollout.step.idle_capacity is in request-seconds (peak in-flight x window): a step of 512
+# requests over 10 minutes can leave ~10^5 of them unused, far past the latency buckets' 7200.
+IDLE_CAPACITY_BUCKETS: tuple[float, ...] = (
+    0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 25_000,
+    50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000,
+)
 
 CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 """The standard GenAI opt-in; we read it rather than inventing our own."""

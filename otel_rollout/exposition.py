@@ -20,11 +20,14 @@ of failing the whole scrape.
 
 Select it like any exporter: ``OTEL_METRICS_EXPORTER=rollout_prometheus`` under
 ``opentelemetry-instrument``; it listens on ``OTEL_EXPORTER_PROMETHEUS_HOST``:
-``OTEL_EXPORTER_PROMETHEUS_PORT`` (default ``localhost:9464``), path ``/metrics``.
+``OTEL_EXPORTER_PROMETHEUS_PORT`` (default ``localhost:9464``), path ``/metrics``. When that port
+is taken (another worker on the node got it first) it takes the next free one of
+``PORT_RANGE`` ports (9464–9479); ``0`` takes any free port. The port served is logged once.
 """
 
 from __future__ import annotations
 
+import errno
 import gzip
 import logging
 import math
@@ -63,6 +66,12 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import Metric
 
 _logger = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9464
+"""The standard ``OTEL_EXPORTER_PROMETHEUS_PORT`` default."""
+PORT_RANGE = 16
+"""When the configured port is taken, the next ``PORT_RANGE - 1`` are tried (9464–9479 by
+default): one port per process, for up to 16 processes per node. Scrape the whole range."""
 
 _UNITS = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "%": "percent"}
 _INVALID = re.compile(r"[^a-zA-Z0-9_:]")
@@ -128,6 +137,8 @@ class OpenMetricsExemplarReader(MetricReader):
         self._exemplars: dict[tuple[str, frozenset[Any]], list[Any]] = {}
         self._exemplars_lock = threading.Lock()
         self._server: Any = None
+        self.port: int | None = None
+        """The port actually served (see :meth:`_serve`); ``None`` when nothing is served."""
         try:
             from prometheus_client import CollectorRegistry
         except ImportError:
@@ -142,21 +153,47 @@ class OpenMetricsExemplarReader(MetricReader):
             self._serve(host, port)
 
     def _serve(self, host: str | None, port: int | None) -> None:
+        """Listen on the configured port, or the next free one of :data:`PORT_RANGE`.
+
+        Several processes on one node (Ray workers, one per engine) read the same settings; the
+        first takes the configured port, the next ones the ports after it. ``0`` asks the OS for
+        any free port. Either way the port actually served is logged once, so a scrape config
+        (static targets over the range, see prometheus/prometheus.yml) or a person can find it.
+        """
         host = host or os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "localhost")
-        raw_port = os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464") if port is None else port
+        raw_port = os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", str(DEFAULT_PORT)) \
+            if port is None else port
         try:
-            chosen = int(raw_port)
+            wanted = int(raw_port)
+            if not 0 <= wanted <= 65535:
+                raise ValueError(raw_port)
         except ValueError:
             _logger.warning("otel_rollout: OTEL_EXPORTER_PROMETHEUS_PORT=%r is not a port; "
-                            "using 9464 instead", raw_port)
-            chosen = 9464
-        try:
-            self._server = _start_server(host, chosen, self.wsgi_app())
-        except OSError as exc:
-            _logger.error("otel_rollout: cannot serve metrics on %s:%s (%s); metrics are still "
-                          "collected but nobody can scrape them", host, chosen, exc)
+                            "using %d instead", raw_port, DEFAULT_PORT)
+            wanted = DEFAULT_PORT
+        candidates = [0] if wanted == 0 else list(range(wanted, min(wanted + PORT_RANGE, 65536)))
+        error: OSError | None = None
+        for candidate in candidates:
+            try:
+                self._server = _start_server(host, candidate, self.wsgi_app())
+                break
+            except OSError as exc:
+                error = exc
+                if exc.errno != errno.EADDRINUSE:
+                    break  # an unknown host, no permission: the next port will not help
+        if self._server is None:
+            last = candidates[-1]
+            _logger.error("otel_rollout: cannot serve metrics on %s:%s%s (%s); metrics are still "
+                          "collected but nobody can scrape them", host, wanted,
+                          f"..{last}" if last != wanted else "", error)
             return
         self.port = self._server.server_port
+        if self.port == wanted:
+            _logger.info("otel_rollout: serving metrics on http://%s:%d/metrics", host, self.port)
+        else:
+            _logger.warning("otel_rollout: serving metrics on http://%s:%d/metrics (%s)", host,
+                            self.port, "any free port, as OTEL_EXPORTER_PROMETHEUS_PORT=0 asks"
+                            if wanted == 0 else f"port {wanted} is taken by another process")
 
     # --- MetricReader ------------------------------------------------------------------------
 

@@ -57,12 +57,28 @@ def _is_abort(error: BaseException) -> bool:
         type(error).__name__ == "CancelledError")
 
 
+_HF_CACHE_PREFIX = "models--"
+
+
 def model_label(name: object) -> str:
-    """A served model name as a bounded label: the first of a list, a local path's last part."""
+    """A served model name as a bounded label: the first of a list, a local path's last part.
+
+    A path inside the Hugging Face cache (``…/models--Qwen--Qwen2.5-7B/snapshots/<commit>``, what
+    ``snapshot_download`` returns and what verl is often given) is named by its repository id,
+    ``Qwen/Qwen2.5-7B``: its last part is a commit hash that tells nobody which model it is. The
+    cache spells ``/`` as ``--``, which a Hub repository id may not contain, so the reversal is exact.
+    """
     if isinstance(name, (list, tuple)):
         name = name[0] if name else None
     text = str(name or "unknown")
-    return os.path.basename(text.rstrip("/")) if os.path.isabs(text) else text
+    if not os.path.isabs(text):
+        return text
+    parts = [p for p in text.replace(os.sep, "/").split("/") if p]
+    for index in range(len(parts) - 1, -1, -1):
+        part = parts[index]
+        if part.startswith(_HF_CACHE_PREFIX) and len(part) > len(_HF_CACHE_PREFIX):
+            return part[len(_HF_CACHE_PREFIX):].replace("--", "/")
+    return parts[-1] if parts else text
 
 
 def trace_hex(trace_id: int) -> str | None:

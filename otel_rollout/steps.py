@@ -27,7 +27,7 @@ from opentelemetry import trace
 from otel_rollout import reports
 from otel_rollout.analysis import StepStats, analyze
 from otel_rollout.config import RolloutConfig, load_config
-from otel_rollout.context import current_step, with_step
+from otel_rollout.context import current_step, step_number, with_step
 from otel_rollout.telemetry import Telemetry, step_emitter
 
 if TYPE_CHECKING:
@@ -35,7 +35,10 @@ if TYPE_CHECKING:
 
     from otel_rollout.record import RequestRecord
 
-__all__ = ["StepScope", "StepStats", "batch_in_step", "batch_step", "current_step", "rollout_step"]
+__all__ = [
+    "StepScope", "StepStats", "batch_in_step", "batch_step", "current_step", "rollout_step",
+    "set_step",
+]
 
 _logger = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -199,20 +202,56 @@ def rollout_step(step: int | None = None, **attributes: Any) -> StepScope:
     return StepScope(step, **attributes)
 
 
-_AUTO_STEPS = itertools.count(1)
+class _AutoSteps:
+    """The numbers ``OTEL_ROLLOUT_BATCH_AS_STEP`` gives its steps: 1, 2, 3… unless the trainer says.
+
+    A trainer that cannot wrap its rollout in ``rollout_step`` (verl's loop, say) can still make
+    the numbers match its own: by propagating ``rollout.step`` baggage into the call's context, or
+    by :func:`set_step` before the call — after a resume too, where counting from 1 would repeat
+    numbers already used.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = 1
+
+    def set(self, step: int) -> None:
+        with self._lock:
+            self._next = int(step)
+
+    def take(self) -> int:
+        propagated = step_number()  # rollout.step baggage the trainer put in this context
+        with self._lock:
+            number = propagated if propagated is not None else self._next
+            self._next = number + 1
+            return number
+
+
+_AUTO_STEPS = _AutoSteps()
+
+
+def set_step(step: int) -> None:
+    """Number the next step ``OTEL_ROLLOUT_BATCH_AS_STEP`` makes ``step`` (later ones follow on).
+
+    Call it with the trainer's global step before each rollout (or once after a resume) so the
+    steps made from offline batch calls carry the trainer's numbers. ``rollout.step`` baggage in
+    the call's context, if any, wins over it.
+    """
+    _AUTO_STEPS.set(step)
 
 
 @contextmanager
 def batch_step(telemetry: Telemetry) -> Iterator[None]:
     """``OTEL_ROLLOUT_BATCH_AS_STEP``: an offline call made outside any step becomes a step.
 
-    An unmodified training loop then still gets step analytics. Steps are numbered 1, 2, 3… per
-    process, across engines.
+    An unmodified training loop then still gets step analytics. Steps are numbered per process,
+    across engines: the ``rollout.step`` baggage of the call's context if a trainer propagated it,
+    else the number given to :func:`set_step` (then counting on), else 1, 2, 3…
     """
     if not telemetry.config.batch_as_step or current_step() is not None:
         yield
         return
-    with StepScope(next(_AUTO_STEPS), config=telemetry.config, telemetry=telemetry):
+    with StepScope(_AUTO_STEPS.take(), config=telemetry.config, telemetry=telemetry):
         yield
 
 

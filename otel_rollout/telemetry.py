@@ -24,7 +24,12 @@ from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
 from opentelemetry.semconv.attributes import error_attributes
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
-from otel_rollout.config import DEFAULT_RATIO_BUCKETS, RolloutConfig, load_config
+from otel_rollout.config import (
+    DEFAULT_RATIO_BUCKETS,
+    IDLE_CAPACITY_BUCKETS,
+    RolloutConfig,
+    load_config,
+)
 from otel_rollout.context import current_step, step_number
 from otel_rollout.guard import LogOnce
 from otel_rollout.semconv import (
@@ -403,7 +408,7 @@ class StepInstruments:
         self.truncation_ratio = hist(STEP_TRUNCATION_RATIO, "1", _FRACTION_BUCKETS,
                                      "Share of requests that stopped at max_tokens.")
         self.idle_capacity = hist(
-            STEP_IDLE_CAPACITY, "s", lat,
+            STEP_IDLE_CAPACITY, "s", IDLE_CAPACITY_BUCKETS,
             "Request-seconds of in-flight capacity left unused during the rollout window.")
         self.idle_fraction = hist(STEP_IDLE_FRACTION, "1", _FRACTION_BUCKETS,
                                   "Idle capacity as a share of peak in-flight × window.")

@@ -204,13 +204,15 @@ def row_steps(d: db.Dashboard) -> db.Dashboard:
     d = d.with_panel(ts(
         "Step duration and its tail", "s",
         prom("A", mean_per_step("rollout_step_duration_seconds"), "step"),
-        prom("B", mean_per_step("rollout_step_tail_duration_seconds"), "tail (90% done -> last done)"),
-        description="Mean over the steps that ended in each interval (one observation per step)."))
+        prom("B", mean_per_step("rollout_step_tail_duration_seconds"), "tail (tail quantile done -> last done)"),
+        description="Mean over the steps that ended in each interval (one observation per step). The "
+                    "tail starts when OTEL_ROLLOUT_TAIL_QUANTILE (0.9 by default) of a step's requests "
+                    "have finished."))
     d = d.with_panel(ts(
         "Straggler ratio (slowest / median latency)", "x",
         prom("A", mean_per_step("rollout_step_straggler_ratio"), "straggler ratio")))
     d = d.with_panel(ts(
-        "Stragglers: requests still running at 90% done", "short",
+        "Stragglers: requests still running when the tail began", "short",
         prom("A", mean_per_step("rollout_step_tail_requests"), "stragglers"),
         prom("B", mean_per_step("rollout_step_requests"), "requests per step"), w=8))
     d = d.with_panel(ts(
@@ -265,10 +267,12 @@ def row_traces(d: db.Dashboard) -> db.Dashboard:
     d = d.with_panel(
         table.Panel().title("Slowest requests (click a trace id to open it)").datasource(TEMPO).span(24).height(10)
         .description("Request spans slower than $min_duration among the traces the collector kept "
-                     "(it keeps every slow, failed and truncated one).")
+                     "(it keeps every slow, failed and truncated one). Only request spans carry "
+                     "rollout.timing.source: the rollout.batch and rollout.step spans above them, "
+                     "always the longest, are left out.")
         .with_target(tempo.TempoQuery().ref_id("A").datasource(TEMPO).query_type("traceql").limit(50)
                      .table_type(tm.SearchTableType.SPANS)
-                     .query('{ span.gen_ai.provider.name != nil && span.gen_ai.request.model =~ "$model" '
+                     .query('{ span.rollout.timing.source != nil && span.gen_ai.request.model =~ "$model" '
                             '&& duration > $min_duration } | select(span.gen_ai.request.model, '
                             'span.gen_ai.usage.output_tokens, span.gen_ai.response.finish_reasons, span.rollout.step)')))
     d = d.with_panel(

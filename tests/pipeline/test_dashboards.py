@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import yaml
-
 from pipeline_tools import parse_traceql
 from promql import _panels, all_promql_expressions, all_traceql_queries
 
@@ -138,3 +140,93 @@ def test_dashboard_provider_matches_compose_mount(repo_root: Path) -> None:
     compose = yaml.safe_load((repo_root / "compose.yaml").read_text())
     mounts = compose["services"]["grafana"]["volumes"]
     assert f"./grafana/dashboards:{provider['options']['path']}:ro" in mounts
+
+
+# --- "Slowest requests" lists request spans only ------------------------------------------------
+
+_CLAUSE = re.compile(r'^(name|duration|span\.[\w.]+)\s*(!=|=~|!~|>=|<=|=|>|<)\s*(nil|"[^"]*"|\d+(?:ns|ms|s|m|h))$')
+_UNITS_NS = {"ns": 1, "ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
+
+
+def _spanset_filter(query: str) -> Callable[[Any], bool]:
+    """A predicate for the query's spanset filter ``{ a && b && … }`` over SDK spans.
+
+    Covers exactly the conjunctions of comparisons the shipped tables use; anything else raises,
+    so a rewritten query cannot slip past this check unevaluated.
+    """
+    body = query[query.index("{") + 1:query.index("}")]
+    clauses = []
+    for raw in body.split("&&"):
+        match = _CLAUSE.match(raw.strip())
+        assert match, f"clause this check does not understand: {raw.strip()!r}"
+        clauses.append(match.groups())
+
+    def value(lhs: str, span: Any) -> Any:
+        if lhs == "name":
+            return span.name
+        if lhs == "duration":
+            return span.end_time - span.start_time
+        return span.attributes.get(lhs[len("span."):])
+
+    def literal(rhs: str) -> Any:
+        if rhs == "nil":
+            return None
+        if rhs.startswith('"'):
+            return rhs[1:-1]
+        number, unit = re.match(r"(\d+)(\D+)", rhs).groups()  # type: ignore[union-attr]
+        return int(number) * _UNITS_NS[unit]
+
+    def holds(span: Any) -> bool:
+        for lhs, op, rhs in clauses:
+            left, right = value(lhs, span), literal(rhs)
+            if op == "!=" and not (left != right):
+                return False
+            if op == "=" and not (left == right):
+                return False
+            if op in ("=~", "!~"):
+                found = left is not None and re.fullmatch(right, str(left)) is not None
+                if found != (op == "=~"):
+                    return False
+            if op in (">", ">=", "<", "<="):
+                if left is None or not {">": left > right, ">=": left >= right,
+                                        "<": left < right, "<=": left <= right}[op]:
+                    return False
+        return True
+
+    return holds
+
+
+def test_slowest_requests_table_lists_request_spans_only(dashboards: dict[str, dict]) -> None:
+    """Real spans from the emitter (a step, a batch under it, requests under that), run through
+    the table's filter: the batch and step spans, always the longest, must not be listed."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_rollout.config import RolloutConfig
+    from otel_rollout.steps import StepScope
+    from otel_rollout.telemetry import Telemetry
+    from tests.core.conftest import make_record
+
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry = Telemetry("vllm", tracer_provider.get_tracer("dashboards"),
+                          MeterProvider().get_meter("dashboards"), RolloutConfig())
+    with StepScope(3, config=RolloutConfig(), telemetry=telemetry):
+        with telemetry.batch("tiny", "text_completion", 2) as ctx:
+            telemetry.emit(make_record("tiny", request_id="r1"), ctx)
+            telemetry.emit(make_record("tiny", request_id="r2", error=RuntimeError("boom")), ctx)
+    spans = exporter.get_finished_spans()
+    assert {s.name for s in spans} == {"rollout.step", "rollout.batch", "text_completion tiny"}
+
+    panels = [p for d in dashboards.values() for p in _panels(d["panels"])
+              if p["type"] == "table" and p.get("title", "").startswith("Slowest requests")]
+    assert panels, "no 'Slowest requests' table"
+    for panel in panels:
+        for target in panel["targets"]:
+            query = target["query"].replace("$model", ".*").replace("$min_duration", "0s")
+            listed = [s for s in spans if _spanset_filter(query)(s)]
+            assert sorted(s.attributes.get("gen_ai.response.id") for s in listed) == ["r1", "r2"], (
+                f"{target['query']} lists {[s.name for s in listed]}")

@@ -83,3 +83,25 @@ def test_expression_sources_cover_dashboards_rules_and_datasources(repo_root: Pa
     assert any(s.startswith("prometheus/rules.yml: record") for s in sources)
     assert any(s.startswith("prometheus/rules.yml: alert") for s in sources)
     assert any("tracesToMetrics" in s for s in sources)
+
+
+def test_direct_scrape_recipe_covers_every_port_a_worker_may_take(repo_root: Path,
+                                                                   tmp_path: Path) -> None:
+    """The commented direct-scrape job, uncommented, is a valid config whose targets are the
+    ports the endpoint may take (one per process on a node), and it says how to bind for compose."""
+    from otel_rollout.exposition import DEFAULT_PORT, PORT_RANGE
+
+    text = (repo_root / PROM_DIR / "prometheus.yml").read_text()
+    lines = text.splitlines()
+    start = lines.index("  # - job_name: rollout-workers")
+    recipe = [line.replace("  # ", "  ", 1) for line in lines[start:] if line.startswith("  #")]
+    enabled = "\n".join(lines[:start] + recipe) + "\n"
+    cfg = yaml.safe_load(enabled)
+    (job,) = [j for j in cfg["scrape_configs"] if j["job_name"] == "rollout-workers"]
+    targets = [t for sc in job["static_configs"] for t in sc["targets"]]
+    assert targets == [f"host.docker.internal:{p}" for p in range(DEFAULT_PORT, DEFAULT_PORT + PORT_RANGE)]
+    assert "OTEL_EXPORTER_PROMETHEUS_HOST=0.0.0.0" in text
+    (tmp_path / "rules.yml").write_text((repo_root / PROM_DIR / "rules.yml").read_text())
+    (tmp_path / "prometheus.yml").write_text(enabled)
+    proc = _promtool("check", "config", "prometheus.yml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

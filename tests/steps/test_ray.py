@@ -81,14 +81,26 @@ def test_runtime_env_configures_actors(ray_module: Any, otel: OTelHarness, tiny_
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_receiver.grpc_endpoint)
     monkeypatch.setenv("OTEL_SERVICE_NAME", "rollout-actor")
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
+    # The driver names itself; copied as is, every worker would claim the same identity and
+    # their series would collide in the Collector's Prometheus exporter.
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES",
+                       "service.instance.id=driver,deployment.environment=x")
     env = runtime_env({"env_vars": dict(VLLM_ENV)})
     assert env["env_vars"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == otlp_receiver.grpc_endpoint
     assert env["worker_process_setup_hook"] == SETUP_HOOK
-    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME", "OTEL_BSP_SCHEDULE_DELAY"):
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME", "OTEL_BSP_SCHEDULE_DELAY",
+                 "OTEL_RESOURCE_ATTRIBUTES"):
         monkeypatch.delenv(name)
     ray_module.init(num_cpus=2, include_dashboard=False, runtime_env=env)
     step_span, lengths = run_step(ray_module, otel, tiny_model, step=21)
     assert_one_trace(otlp_receiver, step_span, lengths, 21, service="rollout-actor")
+    # Each worker process has an identity of its own; the driver's other attributes are kept.
+    resources = [rs.resource for req in otlp_receiver.trace_requests for rs in req.resource_spans]
+    by_pid = {attr(res.attributes, "process.pid"): res for res in resources}
+    instance_ids = {attr(res.attributes, "service.instance.id") for res in by_pid.values()}
+    assert len(by_pid) == 2 and len(instance_ids) == 2, instance_ids
+    assert None not in instance_ids and "driver" not in instance_ids
+    assert {attr(res.attributes, "deployment.environment") for res in resources} == {"x"}
 
 
 def test_inherited_environment_configures_actors(ray_module: Any, otel: OTelHarness,
