@@ -31,6 +31,9 @@ class VLLMInstrumentor(EngineInstrumentor):
             Target(processor, "OutputProcessor.process_outputs", adapter.process_outputs_wrapper),
             Target("vllm.v1.engine.async_llm", "AsyncLLM.generate",
              adapter.async_generate_wrapper(telemetry)),
+            # The OpenAI server: every endpoint reads the HTTP headers here before the engine call.
+            Target("vllm.entrypoints.serve.engine.serving", "BaseServing._get_trace_headers",
+                   adapter.server_headers_wrapper(telemetry)),
             Target("vllm.v1.engine.async_llm", "AsyncLLM.__init__", watch),
             Target("vllm.v1.engine.llm_engine", "LLMEngine.__init__", watch),
         ]

@@ -20,6 +20,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
 from otel_rollout.instrumentation import Wrapper, observing, should_observe
+from otel_rollout.propagation import server_context
 from otel_rollout.record import (
     Clock,
     RequestRecord,
@@ -304,3 +305,35 @@ def _tracing_enabled(engine: Any) -> bool:
     """Inject only where vLLM would use the headers; elsewhere it logs that tracing is off."""
     config = getattr(engine, "observability_config", None)
     return bool(getattr(config, "otlp_traces_endpoint", None))
+
+
+# --- OpenAI-compatible server: the HTTP request's trace context ---------------------------------
+
+def server_headers_wrapper(telemetry: Telemetry) -> Wrapper:
+    """``BaseServing._get_trace_headers(headers)``: the caller's context for the request span.
+
+    The OpenAI server calls this with the HTTP request's headers in every endpoint (completions,
+    chat, responses, …), in the request's own task, just before it calls
+    ``engine_client.generate`` — the one place a server request's headers meet the engine call.
+    vLLM itself keeps only ``traceparent``/``tracestate`` (never ``baggage``), and drops even
+    those when its own tracing is off, so the headers are read here: their context (the
+    caller's span and ``rollout.step`` baggage) is attached unless something — ASGI/FastAPI
+    instrumentation — already attached a span (see :func:`server_context`). The
+    ``AsyncLLM.generate`` wrapper then takes it as the request span's parent.
+
+    The context stays attached for the rest of the request's task and is not detached here:
+    vLLM runs each request handler in a task of its own (``with_cancellation``, or uvicorn's
+    per-request task), so it ends with the request, as a server span's context would. What vLLM
+    returns is returned unchanged.
+    """
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+        if should_observe():
+            with telemetry.log.guard("vllm server context"):
+                ctx = server_context(args[0] if args else kwargs.get("headers"))
+                if ctx is not None:
+                    otel_context.attach(ctx)
+        return wrapped(*args, **kwargs)
+
+    return wrapper
