@@ -13,8 +13,8 @@ from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.propagators.composite import CompositePropagator
 
 from otel_rollout.config import RolloutConfig
+from otel_rollout.context import step_number
 from otel_rollout.propagation import extract_context, server_context
-from otel_rollout.steps import step_number
 from otel_rollout.telemetry import Telemetry
 from otel_rollout.vllm import adapter as vllm_adapter
 from tests.conftest import OTelHarness
@@ -96,7 +96,7 @@ def test_vllm_hook_failure_never_fails_the_request(otel: OTelHarness,
     answer = object()
     headers = _BrokenHeaders(HEADERS)
     before = otel_context.get_current()
-    with caplog.at_level(logging.WARNING, logger="otel_rollout.telemetry"):
+    with caplog.at_level(logging.WARNING, logger="otel_rollout"):
         for _ in range(2):
             assert wrapper(lambda h: answer, None, (headers,), {}) is answer
     assert otel_context.get_current() == before  # nothing attached

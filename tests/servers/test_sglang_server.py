@@ -12,7 +12,6 @@ from tests.conftest import require_module
 from tests.servers.checks import (
     check_joined,
     check_root,
-    request_spans,
     send_plain,
     send_rollout,
 )
@@ -33,8 +32,8 @@ def test_requests_join_the_callers_trace_and_step(server: Server,
                                                   receiver: OTLPReceiver) -> None:
     calls = send_rollout(server.url, server.model)
     check_joined(receiver, "sglang", calls, via_server_span=False)
-    others = [s.name for s in receiver.spans() if s not in request_spans(receiver, "sglang")]
-    assert not others, others  # the engine's own tracing is off: nothing but our request spans
+    # SGLang's own tracing is off: none of its per-request "Req" spans.
+    assert not [s for s in receiver.spans() if "Req " in s.name]
 
 
 def test_request_without_headers_is_a_root(server: Server, receiver: OTLPReceiver) -> None:
