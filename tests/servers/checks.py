@@ -88,6 +88,35 @@ def send_plain(url: str, model: str) -> Call:
     return Call("completion", None, None, None, 5, response_id, tokens)
 
 
+def send_batch(url: str, model: str, prompts: int = 2, max_tokens: int = 6) -> Call:
+    """One completions call with a list of prompts: one engine request (and span) per prompt."""
+    trace_id, span_id = os.urandom(16).hex(), os.urandom(8).hex()
+    out = client(url).completions.create(
+        model=model, prompt=[f"prompt {i}" for i in range(prompts)], max_tokens=max_tokens,
+        extra_body={"ignore_eos": True},
+        extra_headers={"traceparent": f"00-{trace_id}-{span_id}-01",
+                       "baggage": "rollout.step=99"})
+    assert out.usage is not None
+    return Call("completion_batch", 99, trace_id, span_id, max_tokens, out.id,
+                out.usage.completion_tokens)
+
+
+def check_batch(receiver: OTLPReceiver, provider: str, call: Call, prompts: int = 2) -> None:
+    """Each prompt of the call: its own request span, all children of the caller's span."""
+
+    def mine(r: OTLPReceiver) -> list[Any]:
+        return [s for s in request_spans(r, provider) if s.trace_id.hex() == call.trace_id]
+
+    receiver.wait_for(lambda r: len(mine(r)) >= prompts, timeout=30)
+    time.sleep(1.0)  # as in wait_spans: a span too many would be here by now
+    spans = mine(receiver)
+    assert len(spans) == prompts, [s.name for s in spans]
+    assert {s.parent_span_id.hex() for s in spans} == {call.span_id}
+    assert {attr(s.attributes, "rollout.step") for s in spans} == {99}
+    assert sum(attr(s.attributes, "gen_ai.usage.output_tokens") for s in spans) \
+        == call.output_tokens == prompts * call.max_tokens
+
+
 def request_spans(receiver: OTLPReceiver, provider: str) -> list[Any]:
     """Our request spans: the ones carrying ``gen_ai.provider.name`` = ``provider``."""
     return [s for s in receiver.spans()

@@ -10,8 +10,10 @@ import pytest
 from testkit.otlp_receiver import OTLPReceiver
 from tests.conftest import require_module
 from tests.servers.checks import (
+    check_batch,
     check_joined,
     check_root,
+    send_batch,
     send_plain,
     send_rollout,
 )
@@ -38,3 +40,8 @@ def test_requests_join_the_callers_trace_and_step(server: Server,
 
 def test_request_without_headers_is_a_root(server: Server, receiver: OTLPReceiver) -> None:
     check_root(receiver, "sglang", send_plain(server.url, server.model), via_server_span=False)
+
+
+def test_a_list_of_prompts_is_one_span_per_prompt(server: Server,
+                                                  receiver: OTLPReceiver) -> None:
+    check_batch(receiver, "sglang", send_batch(server.url, server.model))
