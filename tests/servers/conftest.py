@@ -3,6 +3,10 @@
 Each test module starts one server (module-scoped fixtures) with OTLP exporting to a real
 receiver, waits for ``/health``, and kills the server's whole process group at the end. The
 server's log goes to a file that is shown when start-up fails.
+
+``OTEL_ROLLOUT_SERVER_PYTHON`` (a Python of another engine environment, e.g. one with an older
+vLLM) starts the server there instead of in the test's own environment; the client side stays
+in the test process.
 """
 
 from __future__ import annotations
@@ -38,6 +42,19 @@ class Server:
         return self.log.read_text(errors="replace")[-chars:]
 
 
+def server_python() -> Path:
+    """The interpreter that runs the server (its ``bin/`` holds ``opentelemetry-instrument``)."""
+    return Path(os.environ.get("OTEL_ROLLOUT_SERVER_PYTHON") or sys.executable)
+
+
+def require_in_server(module: str) -> None:
+    """Skip unless the server's environment can import ``module``."""
+    probe = subprocess.run([str(server_python()), "-c", f"import {module}"],
+                           capture_output=True, timeout=120)
+    if probe.returncode != 0:
+        pytest.skip(f"{module} is not installed in {server_python()}")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -70,8 +87,8 @@ def server_env(receiver: OTLPReceiver, *, fastapi: bool, **extra: str) -> dict[s
 def start_server(args: list[str], env: dict[str, str], model: str, port: int,
                  log: Path) -> Server:
     """``opentelemetry-instrument python -m <server> …``; returns once ``/health`` answers 200."""
-    command = [str(Path(sys.executable).parent / "opentelemetry-instrument"), sys.executable,
-               *args]
+    python = server_python()
+    command = [str(python.parent / "opentelemetry-instrument"), str(python), *args]
     with log.open("wb") as out:
         proc = subprocess.Popen(command, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -126,7 +143,9 @@ def vllm_server(model: str, receiver: OTLPReceiver, log: Path, *, fastapi: bool 
             "--host", "127.0.0.1", "--enforce-eager", "--dtype", "bfloat16",
             "--max-model-len", "2048", "--distributed-executor-backend", "uni"]
     if engine_tracing:
-        args += ["--otlp-traces-endpoint", f"127.0.0.1:{receiver.grpc_port}"]
+        # The scheme matters: vLLM 0.12's gRPC exporter tries TLS without http:// (0.32 forces
+        # insecure either way).
+        args += ["--otlp-traces-endpoint", receiver.grpc_endpoint]
     env = server_env(receiver, fastapi=fastapi, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1",
                      VLLM_ENABLE_V1_MULTIPROCESSING="0")
     return start_server(args, env, model, port, log)

@@ -10,7 +10,7 @@ import pytest
 from testkit.otlp_receiver import OTLPReceiver
 from tests.conftest import require_module
 from tests.servers.checks import check_joined, check_root, send_plain, send_rollout
-from tests.servers.conftest import Server, stop_server, vllm_server
+from tests.servers.conftest import Server, require_in_server, stop_server, vllm_server
 
 pytestmark = pytest.mark.vllm
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.vllm
 @pytest.fixture(scope="module")
 def server(tiny_model: str, receiver: OTLPReceiver, server_log: Path) -> Iterator[Server]:
     require_module("vllm")
-    pytest.importorskip("opentelemetry.instrumentation.fastapi")
+    require_in_server("opentelemetry.instrumentation.fastapi")
     srv = vllm_server(tiny_model, receiver, server_log, fastapi=True)
     yield srv
     stop_server(srv)

@@ -32,7 +32,8 @@ def test_requests_join_beside_vllms_own_spans(server: Server, receiver: OTLPRece
     for call in calls:
         theirs = [s for s in engine_spans if s.trace_id.hex() == call.trace_id
                   and s.parent_span_id.hex() == call.span_id]
-        assert len(theirs) == 1, call
+        assert len(theirs) == 1, (call, sorted({s.name for s in receiver.spans()}),
+                                  [(s.trace_id.hex(), s.parent_span_id.hex()) for s in engine_spans])
 
 
 def test_request_without_headers_is_a_root(server: Server, receiver: OTLPReceiver) -> None:
