@@ -54,3 +54,34 @@ def extract_context(carrier: Mapping[str, str] | None) -> Context:
     return ctx
 
 
+
+
+def has_valid_span(ctx: Context | None = None) -> bool:
+    return trace.get_current_span(ctx).get_span_context().is_valid
+
+
+def server_context(headers: Mapping[str, str] | None,
+                   current: Context | None = None) -> Context | None:
+    """What a server attaches for a request with ``headers``, or ``None`` to keep ``current``.
+
+    For the engine servers (vLLM's OpenAI server, SGLang's HTTP server), whose request spans
+    would otherwise start traces of their own. ``headers`` may be Starlette's case-insensitive
+    ``Headers``. A server span already made by ASGI/FastAPI instrumentation (a valid span in
+    ``current``) is kept: the request span then becomes its child, in the caller's trace. Only
+    what ``current`` lacks is taken from the headers — the caller's span when there is none,
+    the caller's baggage (``rollout.step``) when there is none — so nothing another
+    instrumentation attached is overridden.
+    """
+    if headers is None:
+        return None
+    base = otel_context.get_current() if current is None else current
+    extracted = extract_context(headers)
+    ctx, changed = base, False
+    if not has_valid_span(base) and has_valid_span(extracted):
+        ctx = trace.set_span_in_context(trace.get_current_span(extracted), ctx)
+        changed = True
+    if not baggage.get_all(base):
+        for key, value in baggage.get_all(extracted).items():
+            ctx = baggage.set_baggage(key, value, ctx)
+            changed = True
+    return ctx if changed else None

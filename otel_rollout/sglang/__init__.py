@@ -22,9 +22,11 @@ class SGLangInstrumentor(EngineInstrumentor):
 
     def targets(self, telemetry: Telemetry) -> list[Target]:
         engine = "sglang.srt.entrypoints.engine"
+        manager = "sglang.srt.managers.tokenizer_manager"
         return [
-            Target("sglang.srt.managers.tokenizer_manager", "TokenizerManager.generate_request",
-             adapter.generate_request_wrapper(telemetry)),
+            # Also where the HTTP server's request headers (traceparent, baggage) are read.
+            Target(manager, "TokenizerManager.generate_request",
+                   adapter.generate_request_wrapper(telemetry)),
             Target(engine, "Engine.generate", adapter.engine_wrapper),
             Target(engine, "Engine.async_generate", adapter.async_engine_wrapper),
             Target(engine, "Engine.__init__", watch_global_tracer_provider(self.engine_name)),

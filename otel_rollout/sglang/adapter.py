@@ -42,6 +42,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
 from otel_rollout.instrumentation import Wrapper, should_observe
+from otel_rollout.propagation import server_context
 from otel_rollout.record import (
     Clock,
     RequestRecord,
@@ -320,7 +321,12 @@ class RequestGroup:
 def generate_request_wrapper(telemetry: Telemetry) -> Wrapper:
     """``TokenizerManager.generate_request``: one span per engine request, in the caller's context.
 
-    Inside an ``Engine`` call a batch also gets its parent span.
+    Inside an ``Engine`` call a batch also gets its parent span. From SGLang's HTTP server (native
+    ``/generate`` and the OpenAI endpoints alike) the second argument is the FastAPI request:
+    its headers' context — the caller's span and ``rollout.step`` baggage — is the parent
+    wherever the current context lacks them (see :func:`server_context`: a server span that
+    ASGI/FastAPI instrumentation attached is kept). SGLang itself reads ``traceparent`` only
+    with its own tracing on, and never ``baggage``. ``Engine`` calls pass ``None``.
     """
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
@@ -330,6 +336,10 @@ def generate_request_wrapper(telemetry: Telemetry) -> Wrapper:
             return wrapped(*args, **kwargs)
         parent = otel_context.get_current()
         model, batch, expected = "unknown", None, 1
+        request = args[1] if len(args) > 1 else kwargs.get("request")
+        if request is not None:
+            with telemetry.log.guard("sglang server context"):
+                parent = server_context(getattr(request, "headers", None), parent) or parent
         with telemetry.log.guard("sglang request"):
             model = model_name(instance)
             expected, is_batch = request_shape(obj)

@@ -23,6 +23,7 @@ class VLLMInstrumentor(EngineInstrumentor):
     def targets(self, telemetry: Telemetry) -> list[Target]:
         watch = watch_global_tracer_provider(self.engine_name)
         processor = "vllm.v1.engine.output_processor"
+        serving, get_trace_headers = adapter.serving_hook()
         return [
             Target("vllm.entrypoints.llm", "LLM.generate",
              adapter.offline_wrapper(telemetry, "text_completion")),
@@ -31,6 +32,8 @@ class VLLMInstrumentor(EngineInstrumentor):
             Target(processor, "OutputProcessor.process_outputs", adapter.process_outputs_wrapper),
             Target("vllm.v1.engine.async_llm", "AsyncLLM.generate",
              adapter.async_generate_wrapper(telemetry)),
+            # The OpenAI server: every endpoint reads the HTTP headers here before the engine call.
+            Target(serving, get_trace_headers, adapter.server_headers_wrapper(telemetry)),
             Target("vllm.v1.engine.async_llm", "AsyncLLM.__init__", watch),
             Target("vllm.v1.engine.llm_engine", "LLMEngine.__init__", watch),
         ]

@@ -12,6 +12,7 @@ processor handles each step — exact to one engine step; queue time is not avai
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
 from otel_rollout.instrumentation import Wrapper, observing, should_observe
+from otel_rollout.propagation import server_context
 from otel_rollout.record import (
     Clock,
     RequestRecord,
@@ -304,3 +306,61 @@ def _tracing_enabled(engine: Any) -> bool:
     """Inject only where vLLM would use the headers; elsewhere it logs that tracing is off."""
     config = getattr(engine, "observability_config", None)
     return bool(getattr(config, "otlp_traces_endpoint", None))
+
+
+# --- OpenAI-compatible server: the HTTP request's trace context ---------------------------------
+
+SERVING_HOOKS = (
+    ("vllm.entrypoints.serve.engine.serving", "BaseServing"),      # newer; checked on 0.32.0
+    ("vllm.entrypoints.openai.serving_engine", "OpenAIServing"),   # older; checked on 0.12.0
+)
+"""Where the OpenAI server's ``_get_trace_headers(headers)`` lives, newest layout first."""
+
+
+def serving_hook() -> tuple[str, str]:
+    """(module, "Owner._get_trace_headers") of the installed vLLM's OpenAI server.
+
+    Called once vLLM is imported; ``find_spec`` imports only the parent packages. Neither found:
+    the newest is returned, and reported missing once like any other target.
+    """
+    for module, owner in SERVING_HOOKS:
+        try:
+            if importlib.util.find_spec(module) is not None:
+                return module, f"{owner}._get_trace_headers"
+        except (ImportError, ValueError):
+            continue
+    module, owner = SERVING_HOOKS[0]
+    return module, f"{owner}._get_trace_headers"
+
+
+def server_headers_wrapper(telemetry: Telemetry) -> Wrapper:
+    """``_get_trace_headers(headers)`` of the OpenAI server: the caller's context for the request.
+
+    (``BaseServing`` in vLLM 0.32, ``OpenAIServing`` in older releases: :func:`serving_hook`.)
+
+    The OpenAI server calls this with the HTTP request's headers in every endpoint (completions,
+    chat, responses, …), in the request's own task, just before it calls
+    ``engine_client.generate`` — the one place a server request's headers meet the engine call.
+    vLLM itself keeps only ``traceparent``/``tracestate`` (never ``baggage``), and drops even
+    those when its own tracing is off (0.32: in ``AsyncLLM.add_request``; 0.12: right in this
+    method), so the headers are read here, before vLLM looks at them: their context (the
+    caller's span and ``rollout.step`` baggage) is attached unless something — ASGI/FastAPI
+    instrumentation — already attached a span (see :func:`server_context`). The
+    ``AsyncLLM.generate`` wrapper then takes it as the request span's parent.
+
+    The context stays attached for the rest of the request's task and is not detached here:
+    vLLM runs each request handler in a task of its own (``with_cancellation``, or uvicorn's
+    per-request task), so it ends with the request, as a server span's context would. What vLLM
+    returns is returned unchanged.
+    """
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+        if should_observe():
+            with telemetry.log.guard("vllm server context"):
+                ctx = server_context(args[0] if args else kwargs.get("headers"))
+                if ctx is not None:
+                    otel_context.attach(ctx)
+        return wrapped(*args, **kwargs)
+
+    return wrapper
