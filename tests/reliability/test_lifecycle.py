@@ -20,18 +20,19 @@ pytestmark = pytest.mark.vllm
 
 
 def _targets() -> dict[str, tuple[Any, str]]:
-    from vllm.entrypoints.llm import LLM
-    from vllm.v1.engine.async_llm import AsyncLLM
-    from vllm.v1.engine.llm_engine import LLMEngine
-    from vllm.v1.engine.output_processor import OutputProcessor
+    """Every (owner, attribute) the instrumentor patches, from its own targets list: a target
+    added later is covered here without editing this test."""
+    import importlib
 
-    return {
-        "LLM.generate": (LLM, "generate"), "LLM.chat": (LLM, "chat"),
-        "AsyncLLM.generate": (AsyncLLM, "generate"), "AsyncLLM.__init__": (AsyncLLM, "__init__"),
-        "LLMEngine.__init__": (LLMEngine, "__init__"),
-        "OutputProcessor.add_request": (OutputProcessor, "add_request"),
-        "OutputProcessor.process_outputs": (OutputProcessor, "process_outputs"),
-    }
+    from otel_rollout.vllm import VLLMInstrumentor
+
+    found: dict[str, tuple[Any, str]] = {}
+    for target in VLLMInstrumentor()._targets():
+        owner, _, attr = target.name.rpartition(".")
+        module = importlib.import_module(target.module)
+        found[target.name] = (getattr(module, owner) if owner else module, attr)
+    assert {"LLM.generate", "AsyncLLM.generate", "OutputProcessor.process_outputs"} <= set(found)
+    return found
 
 
 def _current() -> dict[str, Any]:
