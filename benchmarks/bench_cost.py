@@ -95,8 +95,8 @@ def build(telemetry: Any, lengths: list[int], stats: bool) -> dict[str, Any]:
     class InstLLM(BareLLM):
         pass
 
-    wrapt.wrap_function_wrapper(InstProcessor, "add_request", adapter.add_request_wrapper)
-    wrapt.wrap_function_wrapper(InstProcessor, "process_outputs", adapter.process_outputs_wrapper)
+    wrapt.wrap_function_wrapper(InstProcessor, "add_request", adapter.add_request_wrapper(telemetry))
+    wrapt.wrap_function_wrapper(InstProcessor, "process_outputs", adapter.process_outputs_wrapper(telemetry))
     wrapt.wrap_function_wrapper(InstLLM, "generate",
                                 adapter.offline_wrapper(telemetry, "text_completion"))
     bare, inst = BareLLM(BareProcessor()), InstLLM(InstProcessor())

@@ -82,8 +82,8 @@ def run(smoke: bool) -> dict[str, Any]:
                             iteration_stats: Any = None) -> None:
             pass
 
-    wrapt.wrap_function_wrapper(Processor, "add_request", adapter.add_request_wrapper)
-    wrapt.wrap_function_wrapper(Processor, "process_outputs", adapter.process_outputs_wrapper)
+    wrapt.wrap_function_wrapper(Processor, "add_request", adapter.add_request_wrapper(telemetry))
+    wrapt.wrap_function_wrapper(Processor, "process_outputs", adapter.process_outputs_wrapper(telemetry))
 
     class Req:
         def __init__(self, i: int) -> None:

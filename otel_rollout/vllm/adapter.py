@@ -103,7 +103,7 @@ def record_from_output(
         source = "engine"
         if output_tokens is None:
             output_tokens = stats.num_generation_tokens
-    elif times is not None and rid in times.arrival:
+    elif times is not None and rid in times.arrival and rid in times.finish:
         arrival = Clock.from_wall(times.arrival[rid]) or arrival
         first = clock.from_monotonic(times.first.get(rid))
         finish = clock.from_monotonic(times.finish.get(rid)) or finish
@@ -186,38 +186,59 @@ def _batch_size(prompts: Any, operation: str) -> int:
         return 1
 
 
-def add_request_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                        kwargs: dict[str, Any]) -> Any:
+def _core_output_fields(out: Any) -> tuple[str, bool, bool]:
+    """(engine request id, produced tokens this step, finished) of one ``EngineCoreOutput``.
+
+    The one place the step loop reads engine fields: a rename in a future vLLM fails here, inside
+    the guard, and costs the stats-off timing of that call — never the generate.
+    """
+    return out.request_id, bool(out.new_token_ids), out.finish_reason is not None
+
+
+def add_request_wrapper(telemetry: Telemetry) -> Wrapper:
     """``OutputProcessor.add_request``: note the engine's arrival time for stats-off calls."""
-    times: StepTimes | None = otel_context.get_value(_STEP_TIMES)  # type: ignore[assignment]
-    if times is not None:
-        request = args[0] if args else kwargs.get("request")
-        rid = getattr(request, "request_id", None)
-        if rid is not None:
-            external = getattr(request, "external_req_id", None) or rid
-            times.external[rid] = external
-            times.arrival.setdefault(external, getattr(request, "arrival_time", None) or time.time())
-    return wrapped(*args, **kwargs)
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+        times: StepTimes | None = otel_context.get_value(_STEP_TIMES)  # type: ignore[assignment]
+        if times is not None:
+            with telemetry.log.guard("vllm engine loop (add_request)"):
+                request = args[0] if args else kwargs.get("request")
+                rid = getattr(request, "request_id", None)
+                if rid is not None:
+                    external = getattr(request, "external_req_id", None) or rid
+                    times.external[rid] = external
+                    times.arrival.setdefault(external,
+                                             getattr(request, "arrival_time", None) or time.time())
+        return wrapped(*args, **kwargs)
+
+    return wrapper
 
 
-def process_outputs_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                            kwargs: dict[str, Any]) -> Any:
+def process_outputs_wrapper(telemetry: Telemetry) -> Wrapper:
     """``OutputProcessor.process_outputs``: the one loop that sees every request's every step."""
-    times: StepTimes | None = otel_context.get_value(_STEP_TIMES)  # type: ignore[assignment]
-    if times is not None:
-        outputs = args[0] if args else kwargs.get("engine_core_outputs", ())
-        ts = args[1] if len(args) > 1 else kwargs.get("engine_core_timestamp")
-        now = ts if ts is not None else time.monotonic()
-        first, finish, external = times.first, times.finish, times.external
-        for out in outputs:
-            rid = external.get(out.request_id)
-            if rid is None:
-                continue
-            if out.new_token_ids and rid not in first:
-                first[rid] = now
-            if out.finish_reason is not None:
-                finish[rid] = now
-    return wrapped(*args, **kwargs)
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+        times: StepTimes | None = otel_context.get_value(_STEP_TIMES)  # type: ignore[assignment]
+        if times is not None:
+            with telemetry.log.guard("vllm engine loop (process_outputs)"):
+                outputs = args[0] if args else kwargs.get("engine_core_outputs", ())
+                ts = args[1] if len(args) > 1 else kwargs.get("engine_core_timestamp")
+                now = ts if ts is not None else time.monotonic()
+                first, finish, external = times.first, times.finish, times.external
+                for out in outputs:
+                    engine_id, produced, finished = _core_output_fields(out)
+                    rid = external.get(engine_id)
+                    if rid is None:
+                        continue
+                    if produced and rid not in first:
+                        first[rid] = now
+                    if finished:
+                        finish[rid] = now
+        return wrapped(*args, **kwargs)
+
+    return wrapper
 
 
 # --- async: AsyncLLM.generate -------------------------------------------------------------------

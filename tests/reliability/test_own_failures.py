@@ -196,3 +196,29 @@ def test_broken_span_processor_async(mode: str, otel: OTelHarness, async_engine:
     otel.reset()
     aloop.run_until_complete(collect(f"sp-{mode}-after"))
     assert [s.attributes["gen_ai.response.id"] for s in request_spans(otel)] == [f"sp-{mode}-after"]
+
+
+def test_a_renamed_engine_field_in_the_step_loop_costs_timing_not_the_generate(
+        llm: Any, vllm_module: Any, otel: OTelHarness, fresh_log: Any,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """FAULT INJECTION: our read of ``EngineCoreOutput`` inside vLLM's step loop meets a renamed
+    field (as a future vLLM could rename it): generate is unchanged, one warning, and the spans
+    fall back from engine-step timing to what was observed at the call's boundary."""
+    from otel_rollout.vllm import adapter
+
+    prompts, params = _batch(vllm_module, "renamed")
+    with suppress_instrumentation():
+        reference = llm.generate(prompts, params, use_tqdm=False)
+
+    def renamed(out: Any) -> tuple[str, bool, bool]:
+        return out.request_id, bool(out.new_token_ids_renamed), out.finish_reason is not None
+
+    monkeypatch.setattr(adapter, "_core_output_fields", renamed)
+    with caplog.at_level(logging.WARNING):
+        got = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in reference]
+    warnings = [r for r in _failures(caplog) if "process_outputs" in r.getMessage()]
+    assert len(warnings) == 1
+    spans = request_spans(otel)
+    assert len(spans) == len(prompts)
+    assert {s.attributes["rollout.timing.source"] for s in spans} == {"observed"}
