@@ -1,0 +1,130 @@
+"""What the vLLM adapter delivers on each vLLM release, as measured by tests/compat (issue #14).
+
+One row per release family, one column per configuration users run. The value is the
+``rollout.timing.source`` the request spans carry *today*: ``engine`` (vLLM's own
+``RequestStateStats``, exact), ``engine_steps`` (the engine-core timestamps of the steps that
+produced the first token and the finish, exact to one step), ``observed`` (what the caller saw:
+for an offline batch every request gets the whole batch's start and end).
+
+``GAPS`` names why a configuration is not exact on a release; tests/compat turns each into a
+``pytest.mark.xfail(strict=True)``, so a fix in the adapter flips it and this table must follow.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+MS = 1_000_000
+
+# configurations: offline LLM.generate with stats off (vLLM's default) / on, the same with n > 1,
+# AsyncLLM.generate with stats on (AsyncEngineArgs' default) / off (verl's server).
+CONFIGS = ("offline", "offline_stats", "offline_n", "offline_n_stats", "async_stats", "async")
+
+SOURCES: dict[tuple[int, int], dict[str, str]] = {
+    (0, 32): {
+        "offline": "engine_steps",
+        "offline_stats": "engine",
+        "offline_n": "engine_steps",
+        "offline_n_stats": "engine",
+        "async_stats": "engine",
+        "async": "observed",
+    },
+    (0, 12): {
+        "offline": "engine_steps",
+        "offline_stats": "engine",
+        "offline_n": "observed",
+        "offline_n_stats": "engine",
+        "async_stats": "engine",
+        "async": "observed",
+    },
+    (0, 11): {
+        "offline": "engine_steps",
+        "offline_stats": "observed",
+        "offline_n": "observed",
+        "offline_n_stats": "observed",
+        "async_stats": "observed",
+        "async": "observed",
+    },
+    (0, 10): {
+        "offline": "engine_steps",
+        "offline_stats": "observed",
+        "offline_n": "observed",
+        "offline_n_stats": "observed",
+        "async_stats": "observed",
+        "async": "observed",
+    },
+}
+
+_NO_METRICS = (
+    "vLLM 0.10-0.11 never fill RequestOutput.metrics (output_processor.py "
+    "_new_request_output passes no metrics): the adapter falls back to the caller's "
+    "view; the stats live in RequestState.stats inside the output processor"
+)
+_CHILD_IDS = (
+    "vLLM <= 0.12 has no external_req_id: n > 1 children are 'i_<id>' in "
+    "OutputProcessor.add_request, the output is '<id>', so stats-off step times "
+    "never match and every sample group gets the batch's bounds"
+)
+_ASYNC_OFF = (
+    "AsyncLLM with disable_log_stats=True (verl's server) has no RequestOutput.metrics "
+    "and the adapter does not collect engine step times for AsyncLLM"
+)
+
+_N_TOKENS = (
+    "n > 1 with stats on: the span's output tokens are RequestOutput.metrics."
+    "num_generation_tokens, the stats of the one child that finished last, not the sum "
+    "over the n samples (adapter record_from_output)"
+)
+
+# "<config>" = exact timing; "<config>:tokens" = the output-token count.
+GAPS: dict[tuple[int, int], dict[str, str]] = {
+    (0, 32): {"async": _ASYNC_OFF, "offline_n_stats:tokens": _N_TOKENS},
+    (0, 12): {"offline_n": _CHILD_IDS, "async": _ASYNC_OFF, "offline_n_stats:tokens": _N_TOKENS},
+    (0, 11): {
+        "offline_stats": _NO_METRICS,
+        "offline_n": _CHILD_IDS,
+        "offline_n_stats": _NO_METRICS,
+        "async_stats": _NO_METRICS,
+        "async": _ASYNC_OFF,
+    },
+    (0, 10): {
+        "offline_stats": _NO_METRICS,
+        "offline_n": _CHILD_IDS,
+        "offline_n_stats": _NO_METRICS,
+        "async_stats": _NO_METRICS,
+        "async": _ASYNC_OFF,
+    },
+}
+
+
+def family(version: str) -> tuple[int, int]:
+    """The matrix row of a vLLM version string (``0.12.0``, ``0.11.0+cpu`` ...)."""
+    major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
+    return major, minor
+
+
+def row(version: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(sources, gaps) for ``version``; a release outside the matrix fails loudly."""
+    key = family(version)
+    if key not in SOURCES:
+        raise LookupError(f"vLLM {version} is not in the compat matrix: measure it and add a row")
+    return SOURCES[key], GAPS[key]
+
+
+def wall_offset_ns() -> int:
+    """Epoch minus monotonic now: vLLM's ``*_ts`` stamps are monotonic, system-wide on Linux."""
+    return time.time_ns() - time.monotonic_ns()
+
+
+def assert_engine_stamps(span: Any, stats: Any, offset_ns: int) -> None:
+    """A span's start, first-token event and end are vLLM's own stamps, within 1 ms.
+
+    ``arrival_time`` is wall clock; ``first_token_ts``/``last_token_ts`` are the engine core's
+    monotonic step stamps (compared directly, not through ``first_token_latency``, which the
+    front end computes when it *handles* the step: behind by the output handler's lag).
+    """
+    assert abs(span.start_time - stats.arrival_time * 1e9) <= MS
+    assert abs(span.end_time - (stats.last_token_ts * 1e9 + offset_ns)) <= MS
+    (event,) = [e for e in span.events if e.name == "gen_ai.first_token"]
+    assert abs(event.timestamp - (stats.first_token_ts * 1e9 + offset_ns)) <= MS
