@@ -62,9 +62,13 @@ class RequestCollector(SpanProcessor):
             return
         reasons = attrs.get("gen_ai.response.finish_reasons") or ["-"]
         step = attrs.get("rollout.step")
-        finished = Finished((span.end_time - span.start_time) / 1e9, int(str(tokens)),
-                            str(reasons[0]), int(str(step)) if step is not None else None,
-                            format(span.context.trace_id, "032x"))
+        finished = Finished(
+            (span.end_time - span.start_time) / 1e9,
+            int(str(tokens)),
+            str(reasons[0]),
+            int(str(step)) if step is not None else None,
+            format(span.context.trace_id, "032x"),
+        )
         with self._lock:
             self.requests.append(finished)
 
@@ -103,8 +107,11 @@ def sampling_params(vllm: Any, lengths: list[int], cap: int, stop_ids: list[int]
     out = []
     for n in lengths:
         if n < cap:
-            out.append(vllm.SamplingParams(min_tokens=n, max_tokens=cap, stop_token_ids=stop_ids,
-                                           temperature=1.0))
+            out.append(
+                vllm.SamplingParams(
+                    min_tokens=n, max_tokens=cap, stop_token_ids=stop_ids, temperature=1.0
+                )
+            )
         else:
             out.append(vllm.SamplingParams(max_tokens=cap, ignore_eos=True, temperature=1.0))
     return out
@@ -138,11 +145,13 @@ def main() -> None:
 
     for step in range(1, args.steps + 1):
         lengths = heavy_tailed_lengths(args.batch, args.max_tokens, rng)
-        prompts = [f"Problem {step}.{i}: explain your reasoning step by step."
-                   for i in range(args.batch)]
+        prompts = [
+            f"Problem {step}.{i}: explain your reasoning step by step." for i in range(args.batch)
+        ]
         with rollout_step(step):
-            llm.generate(prompts, sampling_params(vllm, lengths, args.max_tokens, stop_ids),
-                         use_tqdm=False)
+            llm.generate(
+                prompts, sampling_params(vllm, lengths, args.max_tokens, stop_ids), use_tqdm=False
+            )
         # ... the training update on the step's responses would run here ...
 
     collector.provider.force_flush()  # export what is batched before the table is printed
@@ -153,17 +162,25 @@ def main() -> None:
     latencies = [r.latency_s for r in done]
     lengths_out = [float(r.output_tokens) for r in done]
     truncated = sum(1 for r in done if r.finish_reason == "length")
-    print(f"\n{len(done)} requests over {args.steps} steps, {truncated} truncated at "
-          f"max_tokens={args.max_tokens}")
+    print(
+        f"\n{len(done)} requests over {args.steps} steps, {truncated} truncated at "
+        f"max_tokens={args.max_tokens}"
+    )
     print(f"{'':>9} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>8}")
-    print(f"{'latency':>9} " + " ".join(f"{quantile(latencies, q):7.3f}s"
-                                         for q in (0.5, 0.9, 0.99, 1.0)))
-    print(f"{'length':>9} " + " ".join(f"{quantile(lengths_out, q):8.0f}"
-                                        for q in (0.5, 0.9, 0.99, 1.0)))
+    print(
+        f"{'latency':>9} "
+        + " ".join(f"{quantile(latencies, q):7.3f}s" for q in (0.5, 0.9, 0.99, 1.0))
+    )
+    print(
+        f"{'length':>9} "
+        + " ".join(f"{quantile(lengths_out, q):8.0f}" for q in (0.5, 0.9, 0.99, 1.0))
+    )
     print(f"\nslowest {args.slowest} requests:")
-    for r in sorted(done, key=lambda r: r.latency_s, reverse=True)[:args.slowest]:
-        print(f"  step {r.step}  {r.latency_s:7.3f} s  {r.output_tokens:6d} tokens  "
-              f"{r.finish_reason:<6}  trace_id={r.trace_id}")
+    for r in sorted(done, key=lambda r: r.latency_s, reverse=True)[: args.slowest]:
+        print(
+            f"  step {r.step}  {r.latency_s:7.3f} s  {r.output_tokens:6d} tokens  "
+            f"{r.finish_reason:<6}  trace_id={r.trace_id}"
+        )
 
 
 if __name__ == "__main__":

@@ -11,8 +11,13 @@ from otel_rollout.steps import rollout_step, set_step
 from otel_rollout.version import __version__
 
 __all__ = [
-    "SGLangInstrumentor", "StepStats", "VLLMInstrumentor", "__version__", "current_step",
-    "rollout_step", "set_step",
+    "SGLangInstrumentor",
+    "StepStats",
+    "VLLMInstrumentor",
+    "__version__",
+    "current_step",
+    "rollout_step",
+    "set_step",
 ]
 
 

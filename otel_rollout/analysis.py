@@ -82,8 +82,10 @@ def analyze(
     median = nearest_rank(latencies, 0.5)
 
     # Sweep the arrival/finish events once: in-flight count as a step function of time.
-    events = sorted([(r.arrival_ns, 1) for r in records] + [(r.finish_ns, -1) for r in records],
-                    key=lambda e: (e[0], e[1]))
+    events = sorted(
+        [(r.arrival_ns, 1) for r in records] + [(r.finish_ns, -1) for r in records],
+        key=lambda e: (e[0], e[1]),
+    )
     first = events[0][0]
     active = peak = 0
     segments: list[tuple[int, int]] = []  # (length ns, in-flight during it)
@@ -119,7 +121,9 @@ def analyze(
         idle_capacity_s=idle_ns / 1e9,
         idle_fraction=idle_fraction,
         stragglers=tuple(
-            Straggler(r.duration_s, r.output_tokens, r.finish_reason, r.trace_hex or "",
-                      r.span_hex or "")
-            for r in slowest),
+            Straggler(
+                r.duration_s, r.output_tokens, r.finish_reason, r.trace_hex or "", r.span_hex or ""
+            )
+            for r in slowest
+        ),
     )

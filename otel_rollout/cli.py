@@ -40,8 +40,10 @@ def _report(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="otel-rollout", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    check = sub.add_parser("check", help="print the effective OTEL_ROLLOUT_* configuration; "
-                                         "exit 1 if any value is invalid")
+    check = sub.add_parser(
+        "check",
+        help="print the effective OTEL_ROLLOUT_* configuration; exit 1 if any value is invalid",
+    )
     check.set_defaults(func=_check)
     rep = sub.add_parser("report", help="render a PNG per step from an OTEL_ROLLOUT_STEP_LOG file")
     rep.add_argument("step_log", help="JSON-lines file written with OTEL_ROLLOUT_STEP_LOG")

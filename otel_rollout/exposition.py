@@ -96,8 +96,9 @@ def _bound(value: float) -> str:
     return "+Inf" if value == float("inf") else repr(float(value))
 
 
-PROTOBUF_CONTENT_TYPE = ("application/vnd.google.protobuf; "
-                         "proto=io.prometheus.client.MetricFamily; encoding=delimited")
+PROTOBUF_CONTENT_TYPE = (
+    "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
+)
 
 # (upper bound, cumulative count, exemplar or None); exemplar = (trace_id, span_id, value, time_s)
 ClassicBucket = tuple[float, int, "tuple[str, str, float, float] | None"]
@@ -120,18 +121,21 @@ class OpenMetricsExemplarReader(MetricReader):
     """A pull reader serving ``/metrics``: Prometheus protobuf (native histograms) or OpenMetrics,
     both with exemplars."""
 
-    def __init__(self, host: str | None = None, port: int | None = None,
-                 start_server: bool = True) -> None:
+    def __init__(
+        self, host: str | None = None, port: int | None = None, start_server: bool = True
+    ) -> None:
         self.config = load_config(warn=False)
-        super().__init__(preferred_aggregation=histograms.reader_aggregation(self.config),
-                         preferred_temporality={
-            Counter: AggregationTemporality.CUMULATIVE,
-            UpDownCounter: AggregationTemporality.CUMULATIVE,
-            Histogram: AggregationTemporality.CUMULATIVE,
-            ObservableCounter: AggregationTemporality.CUMULATIVE,
-            ObservableUpDownCounter: AggregationTemporality.CUMULATIVE,
-            ObservableGauge: AggregationTemporality.CUMULATIVE,
-        })
+        super().__init__(
+            preferred_aggregation=histograms.reader_aggregation(self.config),
+            preferred_temporality={
+                Counter: AggregationTemporality.CUMULATIVE,
+                UpDownCounter: AggregationTemporality.CUMULATIVE,
+                Histogram: AggregationTemporality.CUMULATIVE,
+                ObservableCounter: AggregationTemporality.CUMULATIVE,
+                ObservableUpDownCounter: AggregationTemporality.CUMULATIVE,
+                ObservableGauge: AggregationTemporality.CUMULATIVE,
+            },
+        )
         self._latest: MetricsData | None = None
         self._refused: set[str] = set()
         self._exemplars: dict[tuple[str, frozenset[Any]], list[Any]] = {}
@@ -142,9 +146,11 @@ class OpenMetricsExemplarReader(MetricReader):
         try:
             from prometheus_client import CollectorRegistry
         except ImportError:
-            _logger.error("otel_rollout: the rollout_prometheus metrics exporter needs "
-                          "prometheus-client (pip install 'otel-rollout[prometheus]'); "
-                          "no scrape endpoint was started")
+            _logger.error(
+                "otel_rollout: the rollout_prometheus metrics exporter needs "
+                "prometheus-client (pip install 'otel-rollout[prometheus]'); "
+                "no scrape endpoint was started"
+            )
             self.registry = None
             return
         self.registry = CollectorRegistry(auto_describe=False)
@@ -161,15 +167,21 @@ class OpenMetricsExemplarReader(MetricReader):
         (static targets over the range, see prometheus/prometheus.yml) or a person can find it.
         """
         host = host or os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "localhost")
-        raw_port = os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", str(DEFAULT_PORT)) \
-            if port is None else port
+        raw_port = (
+            os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", str(DEFAULT_PORT))
+            if port is None
+            else port
+        )
         try:
             wanted = int(raw_port)
             if not 0 <= wanted <= 65535:
                 raise ValueError(raw_port)
         except ValueError:
-            _logger.warning("otel_rollout: OTEL_EXPORTER_PROMETHEUS_PORT=%r is not a port; "
-                            "using %d instead", raw_port, DEFAULT_PORT)
+            _logger.warning(
+                "otel_rollout: OTEL_EXPORTER_PROMETHEUS_PORT=%r is not a port; using %d instead",
+                raw_port,
+                DEFAULT_PORT,
+            )
             wanted = DEFAULT_PORT
         candidates = [0] if wanted == 0 else list(range(wanted, min(wanted + PORT_RANGE, 65536)))
         error: OSError | None = None
@@ -183,22 +195,33 @@ class OpenMetricsExemplarReader(MetricReader):
                     break  # an unknown host, no permission: the next port will not help
         if self._server is None:
             last = candidates[-1]
-            _logger.error("otel_rollout: cannot serve metrics on %s:%s%s (%s); metrics are still "
-                          "collected but nobody can scrape them", host, wanted,
-                          f"..{last}" if last != wanted else "", error)
+            _logger.error(
+                "otel_rollout: cannot serve metrics on %s:%s%s (%s); metrics are still "
+                "collected but nobody can scrape them",
+                host,
+                wanted,
+                f"..{last}" if last != wanted else "",
+                error,
+            )
             return
         self.port = self._server.server_port
         if self.port == wanted:
             _logger.info("otel_rollout: serving metrics on http://%s:%d/metrics", host, self.port)
         else:
-            _logger.warning("otel_rollout: serving metrics on http://%s:%d/metrics (%s)", host,
-                            self.port, "any free port, as OTEL_EXPORTER_PROMETHEUS_PORT=0 asks"
-                            if wanted == 0 else f"port {wanted} is taken by another process")
+            _logger.warning(
+                "otel_rollout: serving metrics on http://%s:%d/metrics (%s)",
+                host,
+                self.port,
+                "any free port, as OTEL_EXPORTER_PROMETHEUS_PORT=0 asks"
+                if wanted == 0
+                else f"port {wanted} is taken by another process",
+            )
 
     # --- MetricReader ------------------------------------------------------------------------
 
-    def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
-                         **kwargs: Any) -> None:
+    def _receive_metrics(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> None:
         try:
             self._remember(metrics_data)
         except Exception:  # exemplars are a nicety; the scrape must still be served
@@ -262,7 +285,9 @@ class OpenMetricsExemplarReader(MetricReader):
             bounds = histograms.explicit_bounds(metric.name, self.config)
             return histograms.classic_buckets(point, bounds)
         pairs, running = [], 0
-        for bound, count in zip([*point.explicit_bounds, math.inf], point.bucket_counts):
+        for bound, count in zip(
+            [*point.explicit_bounds, math.inf], point.bucket_counts, strict=False
+        ):
             running += count
             pairs.append((float(bound), running))
         return pairs
@@ -295,13 +320,15 @@ class OpenMetricsExemplarReader(MetricReader):
                         for point in metric.data.data_points:
                             key = (metric.name, frozenset((point.attributes or {}).items()))
                             seen.add(key)
-                            fresh = [ex for ex in getattr(point, "exemplars", None) or ()
-                                     if ex.trace_id]
+                            fresh = [
+                                ex for ex in getattr(point, "exemplars", None) or () if ex.trace_id
+                            ]
                             if not fresh:
                                 continue
                             uppers = [b for b, _ in self._pairs(metric, point)]
                             kept = self._latest_per_bucket(
-                                [*self._exemplars.get(key, ()), *fresh], uppers)
+                                [*self._exemplars.get(key, ()), *fresh], uppers
+                            )
                             self._exemplars[key] = list(kept.values())
             for key in set(self._exemplars) - seen:
                 del self._exemplars[key]
@@ -310,15 +337,27 @@ class OpenMetricsExemplarReader(MetricReader):
         """Cumulative classic buckets of a histogram point, each with its latest exemplar."""
         pairs = self._pairs(metric, point)
         with self._exemplars_lock:
-            remembered = list(self._exemplars.get(
-                (metric.name, frozenset((point.attributes or {}).items())), ()))
+            remembered = list(
+                self._exemplars.get((metric.name, frozenset((point.attributes or {}).items())), ())
+            )
         by_bucket = self._latest_per_bucket(remembered, [bound for bound, _ in pairs])
         out: list[ClassicBucket] = []
         for i, (bound, cumulative) in enumerate(pairs):
             ex = by_bucket.get(i)
-            out.append((bound, cumulative, None if ex is None else (
-                format(ex.trace_id, "032x"), format(ex.span_id, "016x"), float(ex.value),
-                ex.time_unix_nano / 1e9)))
+            out.append(
+                (
+                    bound,
+                    cumulative,
+                    None
+                    if ex is None
+                    else (
+                        format(ex.trace_id, "032x"),
+                        format(ex.span_id, "016x"),
+                        float(ex.value),
+                        ex.time_unix_nano / 1e9,
+                    ),
+                )
+            )
         return out
 
     # --- protobuf exposition ---------------------------------------------------------------------
@@ -364,24 +403,32 @@ class OpenMetricsExemplarReader(MetricReader):
                 classic = self.classic(metric, p)
                 if native:
                     classic, native = _native_exemplars(classic, native)
-                metrics.append(_metric(pairs(p), histogram=_histogram_pb(
-                    p.count, p.sum, classic, native)))
+                metrics.append(
+                    _metric(pairs(p), histogram=_histogram_pb(p.count, p.sum, classic, native))
+                )
             return _family_pb(name, doc, _HISTOGRAM, metrics)
         if isinstance(data, Sum) and data.is_monotonic:
             total = name if name.endswith("_total") else f"{name}_total"
-            return _family_pb(total, doc, _COUNTER,
-                              [_metric(pairs(p), counter=float(p.value)) for p in points])
+            return _family_pb(
+                total, doc, _COUNTER, [_metric(pairs(p), counter=float(p.value)) for p in points]
+            )
         if isinstance(data, (Sum, Gauge)):
-            return _family_pb(name, doc, _GAUGE,
-                              [_metric(pairs(p), gauge=float(p.value)) for p in points])
+            return _family_pb(
+                name, doc, _GAUGE, [_metric(pairs(p), gauge=float(p.value)) for p in points]
+            )
         self._refuse(metric.name, type(data).__name__)
         return None
 
     def _refuse(self, name: str, why: str, exc_info: bool = False) -> None:
         if name not in self._refused:
             self._refused.add(name)
-            _logger.error("otel_rollout: metric %r (%s) cannot be served to Prometheus; it is left "
-                          "out of /metrics (the rest is served)", name, why, exc_info=exc_info)
+            _logger.error(
+                "otel_rollout: metric %r (%s) cannot be served to Prometheus; it is left "
+                "out of /metrics (the rest is served)",
+                name,
+                why,
+                exc_info=exc_info,
+            )
 
     def _family(self, metric: Metric) -> Any:
         from prometheus_client.core import (
@@ -428,8 +475,13 @@ class OpenMetricsExemplarReader(MetricReader):
                 buckets.append((_bound(bound), cumulative))
             else:
                 trace_id, span_id, value, when = ex
-                buckets.append((_bound(bound), cumulative, Exemplar(
-                    {"trace_id": trace_id, "span_id": span_id}, value, when)))
+                buckets.append(
+                    (
+                        _bound(bound),
+                        cumulative,
+                        Exemplar({"trace_id": trace_id, "span_id": span_id}, value, when),
+                    )
+                )
         return buckets
 
 
@@ -453,7 +505,8 @@ def wants_protobuf(accept: str) -> bool:
         if media == "application/vnd.google.protobuf":
             joined = ";".join(p.replace(" ", "") for p in params)
             if "proto=io.prometheus.client.MetricFamily" in joined and (
-                    "encoding=delimited" in joined):
+                "encoding=delimited" in joined
+            ):
                 best_proto = max(best_proto, q)
         elif media:
             best_text = max(best_text, q)
@@ -467,14 +520,18 @@ class _QuietHandler(WSGIRequestHandler):
 
 def _start_server(host: str, port: int, app: Callable[..., Any]) -> WSGIServer:
     """A threaded WSGI server on (host, port), IPv4 or IPv6 as the host resolves."""
-    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                   flags=socket.AI_PASSIVE)[0]
-    server_class = type("_MetricsServer", (ThreadingMixIn, WSGIServer),
-                        {"daemon_threads": True, "address_family": family})
-    server: WSGIServer = make_server(str(sockaddr[0]), port, app, server_class,
-                                     handler_class=_QuietHandler)
-    threading.Thread(target=server.serve_forever, name="otel-rollout-metrics",
-                     daemon=True).start()
+    family, _, _, _, sockaddr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    server_class = type(
+        "_MetricsServer",
+        (ThreadingMixIn, WSGIServer),
+        {"daemon_threads": True, "address_family": family},
+    )
+    server: WSGIServer = make_server(
+        str(sockaddr[0]), port, app, server_class, handler_class=_QuietHandler
+    )
+    threading.Thread(target=server.serve_forever, name="otel-rollout-metrics", daemon=True).start()
     return server
 
 
@@ -540,8 +597,13 @@ def _family_pb(name: str, doc: str, kind: int, metrics: list[bytes]) -> bytes:
     return out + b"".join(_bytes(4, m) for m in metrics)
 
 
-def _metric(labels: list[tuple[str, str]], *, gauge: float | None = None,
-            counter: float | None = None, histogram: bytes | None = None) -> bytes:
+def _metric(
+    labels: list[tuple[str, str]],
+    *,
+    gauge: float | None = None,
+    counter: float | None = None,
+    histogram: bytes | None = None,
+) -> bytes:
     out = b"".join(_bytes(1, _label(k, v)) for k, v in labels)
     if gauge is not None:
         out += _bytes(2, _double(1, gauge))
@@ -557,8 +619,12 @@ def _exemplar_pb(ex: tuple[str, str, float, float]) -> bytes:
     seconds = math.floor(when)
     nanos = min(round((when - seconds) * 1e9), 999_999_999)
     timestamp = _uint(1, seconds) + _uint(2, nanos)
-    return (_bytes(1, _label("trace_id", trace_id)) + _bytes(1, _label("span_id", span_id))
-            + _double(2, value) + _bytes(3, timestamp))
+    return (
+        _bytes(1, _label("trace_id", trace_id))
+        + _bytes(1, _label("span_id", span_id))
+        + _double(2, value)
+        + _bytes(3, timestamp)
+    )
 
 
 def _histogram_pb(count: int, total: float, classic: list[ClassicBucket], native: bytes) -> bytes:
@@ -571,8 +637,9 @@ def _histogram_pb(count: int, total: float, classic: list[ClassicBucket], native
     return out + native
 
 
-def _native_exemplars(classic: list[ClassicBucket], native: bytes
-                      ) -> tuple[list[ClassicBucket], bytes]:
+def _native_exemplars(
+    classic: list[ClassicBucket], native: bytes
+) -> tuple[list[ClassicBucket], bytes]:
     """Place a native histogram's exemplars where each Prometheus version reads them.
 
     Prometheus 2.4x (before native-histogram exemplars) stores *one* exemplar per native
@@ -594,9 +661,11 @@ def _native_exemplars(classic: list[ClassicBucket], native: bytes
 def _native(point: Any) -> bytes:
     """Histogram fields 5–13 (native part) of an OTel exponential histogram point."""
     schema, positive_spans, positive = histograms.native_buckets(
-        point.positive.offset, list(point.positive.bucket_counts), point.scale)
+        point.positive.offset, list(point.positive.bucket_counts), point.scale
+    )
     _, negative_spans, negative = histograms.native_buckets(
-        point.negative.offset, list(point.negative.bucket_counts), point.scale)
+        point.negative.offset, list(point.negative.bucket_counts), point.scale
+    )
     out = _sint(5, schema) + _double(6, histograms.ZERO_THRESHOLD) + _uint(7, point.zero_count)
     for offset, length in negative_spans:
         out += _bytes(9, _sint(1, offset) + _uint(2, length))

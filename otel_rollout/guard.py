@@ -30,8 +30,12 @@ class Guard:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> bool:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
         if exc_type is None or not issubclass(exc_type, Exception):
             return False
         self._owner.failed(self._site, exc)
@@ -64,8 +68,10 @@ class LogOnce:
         if self.first(site):
             _logger.warning(
                 "otel_rollout: telemetry failed in %s; the request itself is unaffected. "
-                "Further failures here are not logged.", site,
-                exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None)
+                "Further failures here are not logged.",
+                site,
+                exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None,
+            )
 
     def warn(self, site: str, message: str, *args: object) -> None:
         """Log ``message`` as a warning the first time ``site`` warns."""

@@ -44,8 +44,8 @@ from opentelemetry.sdk.metrics.view import (
 )
 from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
 
-from otel_rollout.semconv import ROLLOUT_QUEUE_TIME
 from otel_rollout.config import RolloutConfig, load_config
+from otel_rollout.semconv import ROLLOUT_QUEUE_TIME
 
 _logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ MAX_SCALE = 8
 
 # Prometheus' (client_golang's) default zero threshold: 2^-128. A non-zero threshold also marks
 # the protobuf Histogram as native for Prometheus 2.4x, even when it holds no observation yet.
-ZERO_THRESHOLD = 2.0 ** -128
+ZERO_THRESHOLD = 2.0**-128
 PROMETHEUS_MAX_SCHEMA = 8
 PROMETHEUS_MIN_SCHEMA = -4
 
@@ -112,8 +112,9 @@ class RolloutHistogramAggregation(Aggregation):
 
     def __init__(self, config: RolloutConfig) -> None:
         self._config = config
-        self._exponential = ExponentialBucketHistogramAggregation(max_size=MAX_SIZE,
-                                                                  max_scale=MAX_SCALE)
+        self._exponential = ExponentialBucketHistogramAggregation(
+            max_size=MAX_SIZE, max_scale=MAX_SCALE
+        )
         self._default = DefaultAggregation()
 
     def ours(self, instrument: Any) -> tuple[float, ...] | None:
@@ -122,18 +123,25 @@ class RolloutHistogramAggregation(Aggregation):
             return None
         return explicit_bounds(instrument.name, self._config)
 
-    def _create_aggregation(self, instrument: Any, attributes: Any, reservoir_factory: Any,
-                            start_time_unix_nano: int) -> Any:
+    def _create_aggregation(
+        self, instrument: Any, attributes: Any, reservoir_factory: Any, start_time_unix_nano: int
+    ) -> Any:
         bounds = self.ours(instrument) if exponential(self._config) else None
         if bounds is not None:
             try:
                 return self._exponential._create_aggregation(
-                    instrument, attributes, _aligned_reservoir(bounds), start_time_unix_nano)
+                    instrument, attributes, _aligned_reservoir(bounds), start_time_unix_nano
+                )
             except Exception:  # an SDK whose internals moved: explicit buckets still work
-                _logger.warning("otel_rollout: exponential aggregation unavailable for %s; "
-                                "using explicit buckets", instrument.name, exc_info=True)
-        return self._default._create_aggregation(instrument, attributes, reservoir_factory,
-                                                 start_time_unix_nano)
+                _logger.warning(
+                    "otel_rollout: exponential aggregation unavailable for %s; "
+                    "using explicit buckets",
+                    instrument.name,
+                    exc_info=True,
+                )
+        return self._default._create_aggregation(
+            instrument, attributes, reservoir_factory, start_time_unix_nano
+        )
 
 
 def views(config: RolloutConfig | None = None) -> list[View]:
@@ -147,8 +155,10 @@ def views(config: RolloutConfig | None = None) -> list[View]:
     if not exponential(config):
         return []
     aggregation = RolloutHistogramAggregation(config)
-    return [View(instrument_type=Histogram, instrument_name=name, aggregation=aggregation)
-            for name in EXPONENTIAL_INSTRUMENTS]
+    return [
+        View(instrument_type=Histogram, instrument_name=name, aggregation=aggregation)
+        for name in EXPONENTIAL_INSTRUMENTS
+    ]
 
 
 def reader_aggregation(config: RolloutConfig | None = None) -> dict[type, Aggregation]:
@@ -164,14 +174,17 @@ def otlp_environment(config: RolloutConfig | None = None) -> dict[str, str]:
     Unlike :func:`views` it applies to every histogram the exporter sees.
     """
     config = config or load_config(warn=False)
-    return {OTLP_AGGREGATION_ENV: "base2_exponential_bucket_histogram"} if exponential(config) else {}
+    return (
+        {OTLP_AGGREGATION_ENV: "base2_exponential_bucket_histogram"} if exponential(config) else {}
+    )
 
 
 # --- OTel exponential point -> Prometheus native histogram / classic buckets ---------------------
 
 
-def native_buckets(offset: int, counts: Sequence[int], scale: int
-                   ) -> tuple[int, list[tuple[int, int]], list[int]]:
+def native_buckets(
+    offset: int, counts: Sequence[int], scale: int
+) -> tuple[int, list[tuple[int, int]], list[int]]:
     """(schema, spans [(offset, length)], deltas) of one side of a Prometheus native histogram.
 
     OTel bucket ``i`` at scale ``s`` holds (2^(i/2^s), 2^((i+1)/2^s)]; Prometheus bucket ``j`` at
@@ -232,7 +245,7 @@ def classic_buckets(point: Any, bounds: Sequence[float] | None) -> list[tuple[fl
     prefix = [0]
     for c in counts:
         prefix.append(prefix[-1] + c)
-    factor = 2.0 ** scale
+    factor = 2.0**scale
     out: list[tuple[float, int]] = []
     for bound in bounds:
         if bound < 0:  # our boundaries are never negative; a negative one gets no split
@@ -260,6 +273,6 @@ def classic_buckets(point: Any, bounds: Sequence[float] | None) -> list[tuple[fl
 def _power_of_two_bounds(offset: int, length: int, scale: int) -> list[float]:
     if length == 0:
         return []
-    low = math.floor(offset / 2.0 ** scale)
-    high = math.ceil((offset + length) / 2.0 ** scale)
-    return [2.0 ** e for e in range(low, high + 1)]
+    low = math.floor(offset / 2.0**scale)
+    high = math.ceil((offset + length) / 2.0**scale)
+    return [2.0**e for e in range(low, high + 1)]

@@ -32,8 +32,9 @@ _logger = logging.getLogger(__name__)
 _INSIDE_CALL = otel_context.create_key("otel_rollout.inside_call")
 
 
-def build_telemetry(provider: str, kwargs: dict[str, Any],
-                    reuse: Telemetry | None = None) -> Telemetry:
+def build_telemetry(
+    provider: str, kwargs: dict[str, Any], reuse: Telemetry | None = None
+) -> Telemetry:
     """The instrumentor's emitter on its ``tracer_provider``/``meter_provider`` (global if absent).
 
     ``reuse`` keeps the instruments of an earlier ``instrument()`` on the same providers: the SDK
@@ -44,8 +45,9 @@ def build_telemetry(provider: str, kwargs: dict[str, Any],
     if reuse is not None:
         reuse.config = config
         return reuse
-    return create_telemetry(provider, kwargs.get("tracer_provider"), kwargs.get("meter_provider"),
-                            config)
+    return create_telemetry(
+        provider, kwargs.get("tracer_provider"), kwargs.get("meter_provider"), config
+    )
 
 
 def module_version(name: str) -> str | None:
@@ -92,8 +94,9 @@ def observing() -> Iterator[None]:
 def watch_global_tracer_provider(engine: str) -> Wrapper:
     """A wrapper for an engine constructor that warns once if it replaced the global provider."""
 
-    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> Any:
+    def wrapper(
+        wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         before = trace.get_tracer_provider()
         result = wrapped(*args, **kwargs)
         after = trace.get_tracer_provider()
@@ -103,7 +106,11 @@ def watch_global_tracer_provider(engine: str) -> Wrapper:
                 "otel_rollout: %s installed its own global TracerProvider (%s) because its "
                 "tracing is enabled and none was set before; spans that use the global provider, "
                 "ours included, now go to %s's exporter. Configure your TracerProvider before "
-                "creating the engine to keep your own.", engine, type(after).__name__, engine)
+                "creating the engine to keep your own.",
+                engine,
+                type(after).__name__,
+                engine,
+            )
         return result
 
     return wrapper
@@ -163,11 +170,13 @@ class LibraryInstrumentor(BaseInstrumentor):
             except (ImportError, ValueError):
                 found = False
             if not found:
-                _logger.debug("otel_rollout: %s is not installed; nothing to instrument",
-                              self.engine_module)
+                _logger.debug(
+                    "otel_rollout: %s is not installed; nothing to instrument", self.engine_module
+                )
                 return
         wrapt.register_post_import_hook(
-            lambda _module: self._engine_imported(log, generation), self.engine_module)
+            lambda _module: self._engine_imported(log, generation), self.engine_module
+        )
 
     def _engine_imported(self, log: LogOnce, generation: object) -> None:
         """The program imported the library: check its version, then patch each target module
@@ -178,29 +187,38 @@ class LibraryInstrumentor(BaseInstrumentor):
             version = module_version(self.engine_module)
             if version is None:
                 return
-            if (version_tuple(version) < self.min_version
-                    and version not in ("dev", "unknown")):
-                _logger.warning("otel_rollout: %s %s is older than the supported %s; %s is not "
-                                "instrumented", self.engine_name, version,
-                                ".".join(map(str, self.min_version)), self.engine_name)
+            if version_tuple(version) < self.min_version and version not in ("dev", "unknown"):
+                _logger.warning(
+                    "otel_rollout: %s %s is older than the supported %s; %s is not instrumented",
+                    self.engine_name,
+                    version,
+                    ".".join(map(str, self.min_version)),
+                    self.engine_name,
+                )
                 return
             tested = self.max_tested
-            if tested and version_tuple(version)[:len(tested)] > tested:
-                log.warn(f"{self.engine_name} untested version",
-                         "otel_rollout: %s %s is newer than the newest tested (%s); it is "
-                         "instrumented, and a target it lacks is reported", self.engine_name,
-                         version, ".".join(map(str, tested)))
+            if tested and version_tuple(version)[: len(tested)] > tested:
+                log.warn(
+                    f"{self.engine_name} untested version",
+                    "otel_rollout: %s %s is newer than the newest tested (%s); it is "
+                    "instrumented, and a target it lacks is reported",
+                    self.engine_name,
+                    version,
+                    ".".join(map(str, tested)),
+                )
             by_module: dict[str, list[Target]] = {}
             for target in self._targets():
                 by_module.setdefault(target.module, []).append(target)
             for module, targets in by_module.items():
                 wrapt.register_post_import_hook(
-                    functools.partial(self._on_import, targets, version, generation), module)
+                    functools.partial(self._on_import, targets, version, generation), module
+                )
                 if module not in sys.modules and importlib.util.find_spec(module) is None:
                     self._missing(version, [f"{module} (no such module)"])
 
-    def _on_import(self, targets: list[Target], version: str, generation: object,
-                   _module: object) -> None:
+    def _on_import(
+        self, targets: list[Target], version: str, generation: object, _module: object
+    ) -> None:
         self._apply(targets, version, generation)
 
     def _apply(self, targets: list[Target], version: str, generation: object) -> None:
@@ -219,8 +237,12 @@ class LibraryInstrumentor(BaseInstrumentor):
             self._missing(version, missing)
 
     def _missing(self, version: str, what: list[str]) -> None:
-        _logger.warning("otel_rollout: %s %s lacks %s; those paths are not instrumented, the "
-                        "rest are", self.engine_name, version, ", ".join(what))
+        _logger.warning(
+            "otel_rollout: %s %s lacks %s; those paths are not instrumented, the rest are",
+            self.engine_name,
+            version,
+            ", ".join(what),
+        )
 
     def _uninstrument(self, **kwargs: Any) -> None:
         self._generation = None
@@ -248,9 +270,11 @@ class EngineInstrumentor(LibraryInstrumentor):
         use_urandom_ids(kwargs.get("tracer_provider") or trace.get_tracer_provider())
         key = (id(kwargs.get("tracer_provider")), id(kwargs.get("meter_provider")))
         cached = getattr(self, "_telemetry", None)
-        telemetry = build_telemetry(self.provider, kwargs,
-                                    reuse=cached if getattr(self, "_telemetry_key", None) == key
-                                    else None)
+        telemetry = build_telemetry(
+            self.provider,
+            kwargs,
+            reuse=cached if getattr(self, "_telemetry_key", None) == key else None,
+        )
         bound_exit(telemetry.config.exit_timeout)
         self._telemetry, self._telemetry_key = telemetry, key
         register(telemetry)

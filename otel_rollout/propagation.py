@@ -21,8 +21,12 @@ from otel_rollout.semconv import ROLLOUT_STEP
 _W3C = (TraceContextTextMapPropagator(), W3CBaggagePropagator())
 
 
-def inject_context(carrier: dict[str, str] | None = None, *, step: int | None = None,
-                   context: Context | None = None) -> dict[str, str]:
+def inject_context(
+    carrier: dict[str, str] | None = None,
+    *,
+    step: int | None = None,
+    context: Context | None = None,
+) -> dict[str, str]:
     """The current trace context (and ``rollout.step`` baggage) as a picklable ``dict``.
 
     Call it on the driver inside ``rollout_step(i)`` and pass the result to the actor. The
@@ -54,14 +58,13 @@ def extract_context(carrier: Mapping[str, str] | None) -> Context:
     return ctx
 
 
-
-
 def has_valid_span(ctx: Context | None = None) -> bool:
     return trace.get_current_span(ctx).get_span_context().is_valid
 
 
-def server_context(headers: Mapping[str, str] | None,
-                   current: Context | None = None) -> Context | None:
+def server_context(
+    headers: Mapping[str, str] | None, current: Context | None = None
+) -> Context | None:
     """What a server attaches for a request with ``headers``, or ``None`` to keep ``current``.
 
     For the engine servers (vLLM's OpenAI server, SGLang's HTTP server), whose request spans

@@ -21,6 +21,7 @@ FINISH_ERROR = "error"
 class StreamClosedEarly(Exception):
     """The request's error when its consumer stopped reading (``break``, ``aclose``, dropped)."""
 
+
 _FINISH_ALIASES = {
     "stop": FINISH_STOP,
     "eos": FINISH_STOP,
@@ -54,7 +55,8 @@ def normalize_finish_reason(reason: object) -> str | None:
 def _is_abort(error: BaseException) -> bool:
     """Cancellation and early close are the caller's decision, not an engine failure."""
     return isinstance(error, (StreamClosedEarly, GeneratorExit)) or (
-        type(error).__name__ == "CancelledError")
+        type(error).__name__ == "CancelledError"
+    )
 
 
 _HF_CACHE_PREFIX = "models--"
@@ -77,7 +79,7 @@ def model_label(name: object) -> str:
     for index in range(len(parts) - 1, -1, -1):
         part = parts[index]
         if part.startswith(_HF_CACHE_PREFIX) and len(part) > len(_HF_CACHE_PREFIX):
-            return part[len(_HF_CACHE_PREFIX):].replace("--", "/")
+            return part[len(_HF_CACHE_PREFIX) :].replace("--", "/")
     return parts[-1] if parts else text
 
 

@@ -69,13 +69,18 @@ def main() -> int:
     try:
         # single
         t0 = time.perf_counter()
-        out = engine.generate(prompt="def hello():",
-                              sampling_params={"max_new_tokens": 8, "ignore_eos": True})
-        say(f"single generate in {time.perf_counter() - t0:.3f}s: type={type(out).__name__} "
-            f"keys={sorted(out)}")
+        out = engine.generate(
+            prompt="def hello():", sampling_params={"max_new_tokens": 8, "ignore_eos": True}
+        )
+        say(
+            f"single generate in {time.perf_counter() - t0:.3f}s: type={type(out).__name__} "
+            f"keys={sorted(out)}"
+        )
         say(f"  meta_info={out['meta_info']}")
         assert isinstance(out, dict) and len(out["output_ids"]) == 8, out
-        assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 8}, out["meta_info"]
+        assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 8}, out[
+            "meta_info"
+        ]
 
         # batch
         t0 = time.perf_counter()
@@ -83,26 +88,36 @@ def main() -> int:
             prompt=[f"import m{i}" for i in range(4)],
             sampling_params=[{"max_new_tokens": 4 + 4 * i, "ignore_eos": True} for i in range(4)],
         )
-        say(f"batch generate in {time.perf_counter() - t0:.3f}s: type={type(outs).__name__} "
-            f"lens={[len(o['output_ids']) for o in outs]} ids={[o['meta_info']['id'] for o in outs]}")
+        say(
+            f"batch generate in {time.perf_counter() - t0:.3f}s: type={type(outs).__name__} "
+            f"lens={[len(o['output_ids']) for o in outs]} ids={[o['meta_info']['id'] for o in outs]}"
+        )
         assert isinstance(outs, list) and [len(o["output_ids"]) for o in outs] == [4, 8, 12, 16]
 
         # stream (single)
         t0 = time.perf_counter()
         chunks = []
-        for chunk in engine.generate(prompt="class A:", stream=True,
-                                     sampling_params={"max_new_tokens": 6, "ignore_eos": True}):
+        for chunk in engine.generate(
+            prompt="class A:",
+            stream=True,
+            sampling_params={"max_new_tokens": 6, "ignore_eos": True},
+        ):
             chunks.append((len(chunk["output_ids"]), copy.deepcopy(chunk["meta_info"])))
-        say(f"stream generate in {time.perf_counter() - t0:.3f}s: {len(chunks)} chunks, "
-            f"output_ids lens={[n for n, _ in chunks]}")
+        say(
+            f"stream generate in {time.perf_counter() - t0:.3f}s: {len(chunks)} chunks, "
+            f"output_ids lens={[n for n, _ in chunks]}"
+        )
         say(f"  first chunk meta={chunks[0][1]}")
         say(f"  last chunk meta={chunks[-1][1]}")
         assert chunks[-1][1]["finish_reason"] is not None
 
         # stream (batch): chunks carry "index"
         seen = {}
-        for chunk in engine.generate(prompt=["a = 1", "b = 2"], stream=True,
-                                     sampling_params={"max_new_tokens": 3, "ignore_eos": True}):
+        for chunk in engine.generate(
+            prompt=["a = 1", "b = 2"],
+            stream=True,
+            sampling_params={"max_new_tokens": 3, "ignore_eos": True},
+        ):
             seen.setdefault(chunk.get("index"), 0)
             seen[chunk.get("index")] += 1
         say(f"batch stream: chunks per index={seen}")
@@ -110,21 +125,30 @@ def main() -> int:
 
         # async_generate on engine.loop (a fresh loop would hang)
         async def agen():
-            return await asyncio.gather(*(
-                engine.async_generate(prompt=f"x{i} =", rid=f"smoke-{i}",
-                                      sampling_params={"max_new_tokens": 5, "ignore_eos": True})
-                for i in range(3)))
+            return await asyncio.gather(
+                *(
+                    engine.async_generate(
+                        prompt=f"x{i} =",
+                        rid=f"smoke-{i}",
+                        sampling_params={"max_new_tokens": 5, "ignore_eos": True},
+                    )
+                    for i in range(3)
+                )
+            )
 
         t0 = time.perf_counter()
         aouts = engine.loop.run_until_complete(agen())
-        say(f"async_generate x3 in {time.perf_counter() - t0:.3f}s: "
-            f"ids={[o['meta_info']['id'] for o in aouts]}")
+        say(
+            f"async_generate x3 in {time.perf_counter() - t0:.3f}s: "
+            f"ids={[o['meta_info']['id'] for o in aouts]}"
+        )
         assert [o["meta_info"]["id"] for o in aouts] == ["smoke-0", "smoke-1", "smoke-2"]
 
         async def astream():
             n = 0
-            gen = await engine.async_generate(prompt="y =", stream=True,
-                                              sampling_params={"max_new_tokens": 4, "ignore_eos": True})
+            gen = await engine.async_generate(
+                prompt="y =", stream=True, sampling_params={"max_new_tokens": 4, "ignore_eos": True}
+            )
             async for _ in gen:
                 n += 1
             return n

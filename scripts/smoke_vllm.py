@@ -49,19 +49,25 @@ def run_sync(model: str, stats: bool) -> None:
 
     prompts = [f"def f{i}(x):" for i in range(16)]
     lens = [8 + 8 * (i % 4) for i in range(16)]  # long-tailed exact lengths
-    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.8, seed=i)
-              for i, n in enumerate(lens)]
+    params = [
+        SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.8, seed=i)
+        for i, n in enumerate(lens)
+    ]
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
     dt = time.perf_counter() - t0
     total = sum(len(o.outputs[0].token_ids) for o in outs)
     say(f"generate: {len(outs)} prompts, {total} tokens in {dt:.2f}s")
-    assert [len(o.outputs[0].token_ids) for o in outs] == lens, [len(o.outputs[0].token_ids) for o in outs]
+    assert [len(o.outputs[0].token_ids) for o in outs] == lens, [
+        len(o.outputs[0].token_ids) for o in outs
+    ]
     assert [o.prompt for o in outs] == prompts, "outputs not in input order"
     o = outs[0]
-    say(f"  request_id={o.request_id!r} finished={o.finished} "
+    say(
+        f"  request_id={o.request_id!r} finished={o.finished} "
         f"finish_reason={o.outputs[0].finish_reason!r} num_cached_tokens={o.num_cached_tokens} "
-        f"prompt_token_ids[:4]={o.prompt_token_ids[:4]}")
+        f"prompt_token_ids[:4]={o.prompt_token_ids[:4]}"
+    )
     say(f"  metrics={o.metrics!r}")
     if stats:
         assert o.metrics is not None, "disable_log_stats=False should fill RequestOutput.metrics"
@@ -73,8 +79,10 @@ def run_sync(model: str, stats: bool) -> None:
         [[{"role": "user", "content": "hello"}], [{"role": "user", "content": "bye"}]],
         SamplingParams(max_tokens=5, ignore_eos=True),
     )
-    say(f"chat: {len(chats)} conversations in {time.perf_counter() - t0:.2f}s, "
-        f"request_ids={[c.request_id for c in chats]}, text[0]={chats[0].outputs[0].text!r}")
+    say(
+        f"chat: {len(chats)} conversations in {time.perf_counter() - t0:.2f}s, "
+        f"request_ids={[c.request_id for c in chats]}, text[0]={chats[0].outputs[0].text!r}"
+    )
     assert all(len(c.outputs[0].token_ids) == 5 for c in chats)
 
 
@@ -87,10 +95,13 @@ async def run_async(model: str) -> None:
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **LLM_KWARGS))
     say(f"AsyncLLM up in {time.perf_counter() - t0:.2f}s")
     try:
+
         async def one(i: int, n: int) -> tuple[int, int, object]:
             chunks, last = 0, None
             async for out in engine.generate(
-                f"import os{i}", SamplingParams(max_tokens=n, ignore_eos=True), request_id=f"smoke-{i}"
+                f"import os{i}",
+                SamplingParams(max_tokens=n, ignore_eos=True),
+                request_id=f"smoke-{i}",
             ):
                 chunks += 1
                 last = out
@@ -98,8 +109,10 @@ async def run_async(model: str) -> None:
 
         t0 = time.perf_counter()
         res = await asyncio.gather(*(one(i, 4 + 6 * i) for i in range(4)))
-        say(f"AsyncLLM streamed 4 requests in {time.perf_counter() - t0:.2f}s: "
-            f"(chunks, tokens)={[(c, n) for c, n, _ in res]}")
+        say(
+            f"AsyncLLM streamed 4 requests in {time.perf_counter() - t0:.2f}s: "
+            f"(chunks, tokens)={[(c, n) for c, n, _ in res]}"
+        )
         assert [n for _, n, _ in res] == [4 + 6 * i for i in range(4)]
         last = res[-1][2]
         say(f"  request_id={last.request_id!r} finished={last.finished} metrics={last.metrics!r}")

@@ -6,10 +6,14 @@ import os
 import random
 from typing import Any
 
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1",
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-VLLM_KWARGS: dict[str, Any] = dict(distributed_executor_backend="uni", enforce_eager=True,
-                                   dtype="bfloat16", max_model_len=2048)
+VLLM_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "OMP_NUM_THREADS": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+VLLM_KWARGS: dict[str, Any] = dict(
+    distributed_executor_backend="uni", enforce_eager=True, dtype="bfloat16", max_model_len=2048
+)
 
 
 def vllm_environment() -> None:

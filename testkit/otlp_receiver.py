@@ -26,12 +26,12 @@ class OTLPReceiver:
         receiver = self
 
         class Traces(trace_service_pb2_grpc.TraceServiceServicer):
-            def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC name)
+            def Export(self, request: Any, context: Any) -> Any:
                 receiver._add(request, request.SerializeToString())
                 return trace_service_pb2.ExportTraceServiceResponse()
 
         class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
-            def Export(self, request: Any, context: Any) -> Any:  # noqa: N802
+            def Export(self, request: Any, context: Any) -> Any:
                 receiver._add(request, request.SerializeToString())
                 return metrics_service_pb2.ExportMetricsServiceResponse()
 
@@ -41,7 +41,7 @@ class OTLPReceiver:
         self.grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.path.endswith("/v1/traces"):
                     msg: Any = trace_service_pb2.ExportTraceServiceRequest()
@@ -91,13 +91,23 @@ class OTLPReceiver:
 
     def spans(self) -> list[Any]:
         with self._lock:
-            return [s for req in self.trace_requests for rs in req.resource_spans
-                    for ss in rs.scope_spans for s in ss.spans]
+            return [
+                s
+                for req in self.trace_requests
+                for rs in req.resource_spans
+                for ss in rs.scope_spans
+                for s in ss.spans
+            ]
 
     def metrics(self) -> list[Any]:
         with self._lock:
-            return [m for req in self.metric_requests for rm in req.resource_metrics
-                    for sm in rm.scope_metrics for m in sm.metrics]
+            return [
+                m
+                for req in self.metric_requests
+                for rm in req.resource_metrics
+                for sm in rm.scope_metrics
+                for m in sm.metrics
+            ]
 
     def wait_for(self, predicate: Callable[[OTLPReceiver], bool], timeout: float = 30.0) -> bool:
         deadline = time.monotonic() + timeout

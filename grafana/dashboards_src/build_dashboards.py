@@ -49,9 +49,22 @@ STEP = 'job=~"$service"'
 RI = "$__rate_interval"
 
 
-def prom(ref_id: str, expr: str, legend: str = "", *, exemplar: bool = False,
-         fmt: pm.PromQueryFormat | None = None, instant: bool = False) -> prometheus.Dataquery:
-    q = prometheus.Dataquery().ref_id(ref_id).datasource(PROM).expr(expr).editor_mode(pm.QueryEditorMode.CODE)
+def prom(
+    ref_id: str,
+    expr: str,
+    legend: str = "",
+    *,
+    exemplar: bool = False,
+    fmt: pm.PromQueryFormat | None = None,
+    instant: bool = False,
+) -> prometheus.Dataquery:
+    q = (
+        prometheus.Dataquery()
+        .ref_id(ref_id)
+        .datasource(PROM)
+        .expr(expr)
+        .editor_mode(pm.QueryEditorMode.CODE)
+    )
     if legend:
         q = q.legend_format(legend)
     if exemplar:
@@ -68,8 +81,10 @@ def prom(ref_id: str, expr: str, legend: str = "", *, exemplar: bool = False,
 def mean_per_step(metric: str, selector: str = STEP, by: str = "") -> str:
     """Mean of a once-per-step histogram over the steps that ended in the interval."""
     grp = f" by ({by})" if by else ""
-    return (f"sum{grp} (increase({metric}_sum{{{selector}}}[{RI}]))"
-            f" / sum{grp} (increase({metric}_count{{{selector}}}[{RI}]))")
+    return (
+        f"sum{grp} (increase({metric}_sum{{{selector}}}[{RI}]))"
+        f" / sum{grp} (increase({metric}_count{{{selector}}}[{RI}]))"
+    )
 
 
 def native_or_classic(native: str, classic: str, on: str | None = None) -> str:
@@ -89,7 +104,8 @@ def quantile(q: str, metric: str, selector: str, by: str = "") -> str:
     le = f"{by}, le" if by else "le"
     return native_or_classic(
         f"histogram_quantile({q}, sum{grp} (rate({metric}{{{selector}}}[{RI}])))",
-        f"histogram_quantile({q}, sum by ({le}) (rate({metric}_bucket{{{selector}}}[{RI}])))")
+        f"histogram_quantile({q}, sum by ({le}) (rate({metric}_bucket{{{selector}}}[{RI}])))",
+    )
 
 
 def count_rate(metric: str, selector: str, by: str = "") -> str:
@@ -97,7 +113,8 @@ def count_rate(metric: str, selector: str, by: str = "") -> str:
     grp = f" by ({by})" if by else ""
     return native_or_classic(
         f"sum{grp} (histogram_count(rate({metric}{{{selector}}}[{RI}])))",
-        f"sum{grp} (rate({metric}_count{{{selector}}}[{RI}]))")
+        f"sum{grp} (rate({metric}_count{{{selector}}}[{RI}]))",
+    )
 
 
 def sum_rate(metric: str, selector: str, by: str = "") -> str:
@@ -105,25 +122,49 @@ def sum_rate(metric: str, selector: str, by: str = "") -> str:
     grp = f" by ({by})" if by else ""
     return native_or_classic(
         f"sum{grp} (histogram_sum(rate({metric}{{{selector}}}[{RI}])))",
-        f"sum{grp} (rate({metric}_sum{{{selector}}}[{RI}]))")
+        f"sum{grp} (rate({metric}_sum{{{selector}}}[{RI}]))",
+    )
 
 
 def heatmap_expr(metric: str, selector: str) -> str:
     """Per-interval histogram for a heatmap: native buckets, else classic ``le`` buckets."""
     return native_or_classic(
         f"sum(increase({metric}{{{selector}}}[{RI}]))",
-        f"sum by (le) (increase({metric}_bucket{{{selector}}}[{RI}]))", on="")
+        f"sum by (le) (increase({metric}_bucket{{{selector}}}[{RI}]))",
+        on="",
+    )
 
 
 def legend_bottom() -> cb.VizLegendOptions:
-    return (cb.VizLegendOptions().show_legend(True).display_mode(cm.LegendDisplayMode.LIST)
-            .placement(cm.LegendPlacement.BOTTOM))
+    return (
+        cb.VizLegendOptions()
+        .show_legend(True)
+        .display_mode(cm.LegendDisplayMode.LIST)
+        .placement(cm.LegendPlacement.BOTTOM)
+    )
 
 
-def ts(title: str, unit: str, *targets: prometheus.Dataquery, description: str = "",
-       stacked: bool = False, percent: bool = False, w: int = 12, h: int = 8) -> timeseries.Panel:
-    p = (timeseries.Panel().title(title).datasource(PROM).unit(unit).span(w).height(h)
-         .legend(legend_bottom()).line_width(1).fill_opacity(10))
+def ts(
+    title: str,
+    unit: str,
+    *targets: prometheus.Dataquery,
+    description: str = "",
+    stacked: bool = False,
+    percent: bool = False,
+    w: int = 12,
+    h: int = 8,
+) -> timeseries.Panel:
+    p = (
+        timeseries.Panel()
+        .title(title)
+        .datasource(PROM)
+        .unit(unit)
+        .span(w)
+        .height(h)
+        .legend(legend_bottom())
+        .line_width(1)
+        .fill_opacity(10)
+    )
     if description:
         p = p.description(description)
     if stacked or percent:
@@ -135,167 +176,340 @@ def ts(title: str, unit: str, *targets: prometheus.Dataquery, description: str =
 
 
 def latency_heatmap(title: str, expr: str, unit: str, description: str) -> heatmap.Panel:
-    return (heatmap.Panel().title(title).description(description).datasource(PROM).span(12).height(9)
-            .with_target(prom("A", expr, "{{le}}", exemplar=True, fmt=pm.PromQueryFormat.HEATMAP))
-            .calculate(False)
-            .color(heatmap.HeatmapColorOptions().mode(hm.HeatmapColorMode.SCHEME).scheme("Oranges")
-                   .scale(hm.HeatmapColorScale.EXPONENTIAL).exponent(0.5).steps(64))
-            .y_axis(heatmap.YAxisConfig().unit(unit))
-            .cell_gap(1)
-            .show_legend()
-            .exemplars_color("rgba(255,0,255,0.7)")
-            .mode(cm.TooltipDisplayMode.SINGLE).show_y_histogram())
+    return (
+        heatmap.Panel()
+        .title(title)
+        .description(description)
+        .datasource(PROM)
+        .span(12)
+        .height(9)
+        .with_target(prom("A", expr, "{{le}}", exemplar=True, fmt=pm.PromQueryFormat.HEATMAP))
+        .calculate(False)
+        .color(
+            heatmap.HeatmapColorOptions()
+            .mode(hm.HeatmapColorMode.SCHEME)
+            .scheme("Oranges")
+            .scale(hm.HeatmapColorScale.EXPONENTIAL)
+            .exponent(0.5)
+            .steps(64)
+        )
+        .y_axis(heatmap.YAxisConfig().unit(unit))
+        .cell_gap(1)
+        .show_legend()
+        .exemplars_color("rgba(255,0,255,0.7)")
+        .mode(cm.TooltipDisplayMode.SINGLE)
+        .show_y_histogram()
+    )
 
 
 def variables() -> list[db.QueryVariable | db.CustomVariable]:
     def qvar(name: str, label: str, query: str) -> db.QueryVariable:
-        return (db.QueryVariable(name).label(label).datasource(PROM).query(query)
-                .multi(True).include_all(True).all_value(".*")
-                .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC))
+        return (
+            db.QueryVariable(name)
+            .label(label)
+            .datasource(PROM)
+            .query(query)
+            .multi(True)
+            .include_all(True)
+            .all_value(".*")
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(dm.VariableSort.ALPHABETICAL_ASC)
+        )
 
     # native series (no suffix) or classic _count: whichever this Prometheus stores
     base = '{__name__=~"gen_ai_server_request_duration_seconds(_count)?"}'
 
     return [
         qvar("service", "Service", f"label_values({base}, job)"),
-        qvar("replica", "Replica",
-             'label_values({__name__=~"gen_ai_server_request_duration_seconds(_count)?", '
-             'job=~"$service"}, instance)'),
+        qvar(
+            "replica",
+            "Replica",
+            'label_values({__name__=~"gen_ai_server_request_duration_seconds(_count)?", '
+            'job=~"$service"}, instance)',
+        ),
         qvar("provider", "Provider", f"label_values({base}, gen_ai_provider_name)"),
         qvar("model", "Model", f"label_values({base}, gen_ai_request_model)"),
-        (db.CustomVariable("min_duration").label("Slow request (TraceQL)")
-         .values("5s,30s,1m,2m,5m").current(dm.VariableOption(selected=True, text="30s", value="30s"))),
+        (
+            db.CustomVariable("min_duration")
+            .label("Slow request (TraceQL)")
+            .values("5s,30s,1m,2m,5m")
+            .current(dm.VariableOption(selected=True, text="30s", value="30s"))
+        ),
     ]
 
 
 def row_latency(d: db.Dashboard) -> db.Dashboard:
     d = d.with_row(db.Row("Request latency and response length"))
-    d = d.with_panel(latency_heatmap(
-        "Request latency (exemplars open the trace)",
-        heatmap_expr("gen_ai_server_request_duration_seconds", REQ),
-        "s", "End-to-end generate latency per request; the long tail is the thin band at the top."))
-    d = d.with_panel(latency_heatmap(
-        "Response length (output tokens)",
-        heatmap_expr("gen_ai_client_token_usage", f'{REQ}, gen_ai_token_type="output"'),
-        "short", "Output tokens per request; a length tail drives the latency tail."))
+    d = d.with_panel(
+        latency_heatmap(
+            "Request latency (exemplars open the trace)",
+            heatmap_expr("gen_ai_server_request_duration_seconds", REQ),
+            "s",
+            "End-to-end generate latency per request; the long tail is the thin band at the top.",
+        )
+    )
+    d = d.with_panel(
+        latency_heatmap(
+            "Response length (output tokens)",
+            heatmap_expr("gen_ai_client_token_usage", f'{REQ}, gen_ai_token_type="output"'),
+            "short",
+            "Output tokens per request; a length tail drives the latency tail.",
+        )
+    )
+
     def quant(q: str) -> str:
         return quantile(q, "gen_ai_server_request_duration_seconds", REQ)
-    d = d.with_panel(ts(
-        "Request latency p50 / p90 / p99 / max", "s",
-        prom("A", quant("0.5"), "p50"),
-        prom("B", quant("0.9"), "p90"),
-        prom("C", quant("0.99"), "p99", exemplar=True),
-        prom("D", quant("1"), "max (bucket bound)"),
-        description="Quantiles from the request-duration histogram (native where stored: buckets a few "
-                    "percent wide; else the classic buckets); max is the upper bound of the highest "
-                    "non-empty bucket."))
+
+    d = d.with_panel(
+        ts(
+            "Request latency p50 / p90 / p99 / max",
+            "s",
+            prom("A", quant("0.5"), "p50"),
+            prom("B", quant("0.9"), "p90"),
+            prom("C", quant("0.99"), "p99", exemplar=True),
+            prom("D", quant("1"), "max (bucket bound)"),
+            description="Quantiles from the request-duration histogram (native where stored: buckets a few "
+            "percent wide; else the classic buckets); max is the upper bound of the highest "
+            "non-empty bucket.",
+        )
+    )
+
     def tq(m: str) -> str:
         return quantile("0.9", m, REQ)
-    d = d.with_panel(ts(
-        "Queue time, TTFT and time per output token (p90)", "s",
-        prom("A", tq("rollout_request_queue_time_seconds"), "queue p90"),
-        prom("B", tq("gen_ai_server_time_to_first_token_seconds"), "TTFT p90"),
-        prom("C", tq("gen_ai_server_time_per_output_token_seconds"), "TPOT p90")))
+
+    d = d.with_panel(
+        ts(
+            "Queue time, TTFT and time per output token (p90)",
+            "s",
+            prom("A", tq("rollout_request_queue_time_seconds"), "queue p90"),
+            prom("B", tq("gen_ai_server_time_to_first_token_seconds"), "TTFT p90"),
+            prom("C", tq("gen_ai_server_time_per_output_token_seconds"), "TPOT p90"),
+        )
+    )
     return d
 
 
 def row_steps(d: db.Dashboard) -> db.Dashboard:
     d = d.with_row(db.Row("Per training step: the tail"))
-    d = d.with_panel(ts(
-        "Step duration and its tail", "s",
-        prom("A", mean_per_step("rollout_step_duration_seconds"), "step"),
-        prom("B", mean_per_step("rollout_step_tail_duration_seconds"), "tail (tail quantile done -> last done)"),
-        description="Mean over the steps that ended in each interval (one observation per step). The "
-                    "tail starts when OTEL_ROLLOUT_TAIL_QUANTILE (0.9 by default) of a step's requests "
-                    "have finished."))
-    d = d.with_panel(ts(
-        "Straggler ratio (slowest / median latency)", "x",
-        prom("A", mean_per_step("rollout_step_straggler_ratio"), "straggler ratio")))
-    d = d.with_panel(ts(
-        "Stragglers: requests still running when the tail began", "short",
-        prom("A", mean_per_step("rollout_step_tail_requests"), "stragglers"),
-        prom("B", mean_per_step("rollout_step_requests"), "requests per step"), w=8))
-    d = d.with_panel(ts(
-        "Idle capacity while stragglers ran", "s",
-        prom("A", mean_per_step("rollout_step_idle_capacity_seconds"), "idle request-seconds"), w=8))
-    d = d.with_panel(ts(
-        "Idle fraction and truncation ratio per step", "percentunit",
-        prom("A", mean_per_step("rollout_step_idle_fraction"), "idle fraction"),
-        prom("B", mean_per_step("rollout_step_truncation_ratio"), "truncated (length)"), w=8))
-    d = d.with_panel(ts(
-        "Output tokens per step: max / p90 / p50", "short",
-        prom("A", mean_per_step("rollout_step_output_tokens", by="rollout_statistic"), "{{rollout_statistic}}"),
-        w=24))
+    d = d.with_panel(
+        ts(
+            "Step duration and its tail",
+            "s",
+            prom("A", mean_per_step("rollout_step_duration_seconds"), "step"),
+            prom(
+                "B",
+                mean_per_step("rollout_step_tail_duration_seconds"),
+                "tail (tail quantile done -> last done)",
+            ),
+            description="Mean over the steps that ended in each interval (one observation per step). The "
+            "tail starts when OTEL_ROLLOUT_TAIL_QUANTILE (0.9 by default) of a step's requests "
+            "have finished.",
+        )
+    )
+    d = d.with_panel(
+        ts(
+            "Straggler ratio (slowest / median latency)",
+            "x",
+            prom("A", mean_per_step("rollout_step_straggler_ratio"), "straggler ratio"),
+        )
+    )
+    d = d.with_panel(
+        ts(
+            "Stragglers: requests still running when the tail began",
+            "short",
+            prom("A", mean_per_step("rollout_step_tail_requests"), "stragglers"),
+            prom("B", mean_per_step("rollout_step_requests"), "requests per step"),
+            w=8,
+        )
+    )
+    d = d.with_panel(
+        ts(
+            "Idle capacity while stragglers ran",
+            "s",
+            prom("A", mean_per_step("rollout_step_idle_capacity_seconds"), "idle request-seconds"),
+            w=8,
+        )
+    )
+    d = d.with_panel(
+        ts(
+            "Idle fraction and truncation ratio per step",
+            "percentunit",
+            prom("A", mean_per_step("rollout_step_idle_fraction"), "idle fraction"),
+            prom("B", mean_per_step("rollout_step_truncation_ratio"), "truncated (length)"),
+            w=8,
+        )
+    )
+    d = d.with_panel(
+        ts(
+            "Output tokens per step: max / p90 / p50",
+            "short",
+            prom(
+                "A",
+                mean_per_step("rollout_step_output_tokens", by="rollout_statistic"),
+                "{{rollout_statistic}}",
+            ),
+            w=24,
+        )
+    )
     return d
 
 
 def row_engines(d: db.Dashboard) -> db.Dashboard:
     d = d.with_row(db.Row("Engines and throughput"))
-    d = d.with_panel(ts(
-        "In-flight requests per replica", "short",
-        prom("A", f"sum by (job, instance) (rollout_requests_active{{{REQ}}})", "{{job}} {{instance}}")))
+    d = d.with_panel(
+        ts(
+            "In-flight requests per replica",
+            "short",
+            prom(
+                "A",
+                f"sum by (job, instance) (rollout_requests_active{{{REQ}}})",
+                "{{job}} {{instance}}",
+            ),
+        )
+    )
     eng = 'job=~"$service", instance=~"$replica"'
     by = "job, instance, gen_ai_request_model"
-    d = d.with_panel(ts(
-        "Engine idle ratio per replica", "percentunit",
-        prom("A", f"sum by ({by}) (rate(rollout_engine_idle_time_seconds_total{{{eng}}}[{RI}]))"
-                  f" / (sum by ({by}) (rate(rollout_engine_busy_time_seconds_total{{{eng}}}[{RI}]))"
-                  f" + sum by ({by}) (rate(rollout_engine_idle_time_seconds_total{{{eng}}}[{RI}])))",
-             "{{instance}} {{gen_ai_request_model}}")))
-    d = d.with_panel(ts(
-        "Throughput (tokens/s)", "short",
-        prom("A", sum_rate("gen_ai_client_token_usage", REQ, by="gen_ai_token_type"),
-             "{{gen_ai_token_type}} tokens/s"), w=12))
-    d = d.with_panel(ts(
-        "Finish-reason mix", "percentunit",
-        prom("A", count_rate("gen_ai_server_request_duration_seconds", REQ, by="rollout_finish_reason"),
-             "{{rollout_finish_reason}}"), percent=True, w=8))
     d = d.with_panel(
-        stat.Panel().title("Truncation rate (finish_reason=length)").datasource(PROM).unit("percentunit")
-        .span(4).height(8).decimals(1)
-        .with_target(prom(
-            "A",
-            "(" + count_rate("gen_ai_server_request_duration_seconds",
-                             f'{REQ}, rollout_finish_reason="length"') + ")"
-            " / (" + count_rate("gen_ai_server_request_duration_seconds", REQ) + ")",
-            "truncated")))
+        ts(
+            "Engine idle ratio per replica",
+            "percentunit",
+            prom(
+                "A",
+                f"sum by ({by}) (rate(rollout_engine_idle_time_seconds_total{{{eng}}}[{RI}]))"
+                f" / (sum by ({by}) (rate(rollout_engine_busy_time_seconds_total{{{eng}}}[{RI}]))"
+                f" + sum by ({by}) (rate(rollout_engine_idle_time_seconds_total{{{eng}}}[{RI}])))",
+                "{{instance}} {{gen_ai_request_model}}",
+            ),
+        )
+    )
+    d = d.with_panel(
+        ts(
+            "Throughput (tokens/s)",
+            "short",
+            prom(
+                "A",
+                sum_rate("gen_ai_client_token_usage", REQ, by="gen_ai_token_type"),
+                "{{gen_ai_token_type}} tokens/s",
+            ),
+            w=12,
+        )
+    )
+    d = d.with_panel(
+        ts(
+            "Finish-reason mix",
+            "percentunit",
+            prom(
+                "A",
+                count_rate(
+                    "gen_ai_server_request_duration_seconds", REQ, by="rollout_finish_reason"
+                ),
+                "{{rollout_finish_reason}}",
+            ),
+            percent=True,
+            w=8,
+        )
+    )
+    d = d.with_panel(
+        stat.Panel()
+        .title("Truncation rate (finish_reason=length)")
+        .datasource(PROM)
+        .unit("percentunit")
+        .span(4)
+        .height(8)
+        .decimals(1)
+        .with_target(
+            prom(
+                "A",
+                "("
+                + count_rate(
+                    "gen_ai_server_request_duration_seconds",
+                    f'{REQ}, rollout_finish_reason="length"',
+                )
+                + ")"
+                " / (" + count_rate("gen_ai_server_request_duration_seconds", REQ) + ")",
+                "truncated",
+            )
+        )
+    )
     return d
 
 
 def row_traces(d: db.Dashboard) -> db.Dashboard:
     d = d.with_row(db.Row("Slowest requests and steps (Tempo)"))
     d = d.with_panel(
-        table.Panel().title("Slowest requests (click a trace id to open it)").datasource(TEMPO).span(24).height(10)
-        .description("Request spans slower than $min_duration among the traces the collector kept "
-                     "(it keeps every slow, failed and truncated one). Only request spans carry "
-                     "rollout.timing.source: the rollout.batch and rollout.step spans above them, "
-                     "always the longest, are left out.")
-        .with_target(tempo.TempoQuery().ref_id("A").datasource(TEMPO).query_type("traceql").limit(50)
-                     .table_type(tm.SearchTableType.SPANS)
-                     .query('{ span.rollout.timing.source != nil && span.gen_ai.request.model =~ "$model" '
-                            '&& duration > $min_duration } | select(span.gen_ai.request.model, '
-                            'span.gen_ai.usage.output_tokens, span.gen_ai.response.finish_reasons, span.rollout.step)')))
+        table.Panel()
+        .title("Slowest requests (click a trace id to open it)")
+        .datasource(TEMPO)
+        .span(24)
+        .height(10)
+        .description(
+            "Request spans slower than $min_duration among the traces the collector kept "
+            "(it keeps every slow, failed and truncated one). Only request spans carry "
+            "rollout.timing.source: the rollout.batch and rollout.step spans above them, "
+            "always the longest, are left out."
+        )
+        .with_target(
+            tempo.TempoQuery()
+            .ref_id("A")
+            .datasource(TEMPO)
+            .query_type("traceql")
+            .limit(50)
+            .table_type(tm.SearchTableType.SPANS)
+            .query(
+                '{ span.rollout.timing.source != nil && span.gen_ai.request.model =~ "$model" '
+                "&& duration > $min_duration } | select(span.gen_ai.request.model, "
+                "span.gen_ai.usage.output_tokens, span.gen_ai.response.finish_reasons, span.rollout.step)"
+            )
+        )
+    )
     d = d.with_panel(
-        table.Panel().title("Steps with the longest tail").datasource(TEMPO).span(24).height(8)
-        .with_target(tempo.TempoQuery().ref_id("A").datasource(TEMPO).query_type("traceql").limit(20)
-                     .table_type(tm.SearchTableType.SPANS)
-                     .query('{ name = "rollout.step" && span.rollout.step.tail.duration_s > 0 } | '
-                            'select(span.rollout.step, span.rollout.step.tail.duration_s, '
-                            'span.rollout.step.straggler_ratio, span.rollout.step.tail.requests)')))
+        table.Panel()
+        .title("Steps with the longest tail")
+        .datasource(TEMPO)
+        .span(24)
+        .height(8)
+        .with_target(
+            tempo.TempoQuery()
+            .ref_id("A")
+            .datasource(TEMPO)
+            .query_type("traceql")
+            .limit(20)
+            .table_type(tm.SearchTableType.SPANS)
+            .query(
+                '{ name = "rollout.step" && span.rollout.step.tail.duration_s > 0 } | '
+                "select(span.rollout.step, span.rollout.step.tail.duration_s, "
+                "span.rollout.step.straggler_ratio, span.rollout.step.tail.requests)"
+            )
+        )
+    )
     return d
 
 
 def rollout_long_tail() -> dm.Dashboard:
-    d = (db.Dashboard("Rollout long tail").uid("rollout-long-tail")
-         .description("Step-aligned view of the rollout phase: request latency/length tails with exemplars, "
-                      "per-step tail analytics, engine idleness, and the slowest traces.")
-         .tags(["otel-rollout", "rollout", "genai"]).editable().time("now-3h", "now").refresh("30s")
-         .timezone("browser").tooltip(dm.DashboardCursorSync.CROSSHAIR))
+    d = (
+        db.Dashboard("Rollout long tail")
+        .uid("rollout-long-tail")
+        .description(
+            "Step-aligned view of the rollout phase: request latency/length tails with exemplars, "
+            "per-step tail analytics, engine idleness, and the slowest traces."
+        )
+        .tags(["otel-rollout", "rollout", "genai"])
+        .editable()
+        .time("now-3h", "now")
+        .refresh("30s")
+        .timezone("browser")
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+    )
     for v in variables():
         d = d.with_variable(v)
     d = d.annotation(
-        db.AnnotationQuery().name("Step ends").datasource(PROM).enable(True).icon_color("rgba(120,120,255,0.6)")
-        .expr(f"changes(rollout_step_duration_seconds_count{{{STEP}}}[1m]) > 0"))
+        db.AnnotationQuery()
+        .name("Step ends")
+        .datasource(PROM)
+        .enable(True)
+        .icon_color("rgba(120,120,255,0.6)")
+        .expr(f"changes(rollout_step_duration_seconds_count{{{STEP}}}[1m]) > 0")
+    )
     d = row_latency(d)
     d = row_steps(d)
     d = row_engines(d)
@@ -308,7 +522,10 @@ DASHBOARDS = {"rollout-long-tail.json": rollout_long_tail}
 
 def render() -> dict[str, str]:
     """File name -> JSON text, exactly as committed."""
-    return {name: json.dumps(fn(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n" for name, fn in DASHBOARDS.items()}
+    return {
+        name: json.dumps(fn(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+        for name, fn in DASHBOARDS.items()
+    }
 
 
 def main() -> int:

@@ -92,8 +92,12 @@ class GuardedStep:
             self.scope = scope
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         scope, self.scope = self.scope, None
         if scope is not None:
             try:
@@ -104,8 +108,12 @@ class GuardedStep:
     async def __aenter__(self) -> GuardedStep:
         return self.__enter__()
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.__exit__(exc_type, exc, tb)
 
 
@@ -134,16 +142,22 @@ def _returns_awaitable(wrapped: Callable[..., Any], caller: FrameType | None) ->
     return _is_coroutine_frame(caller)
 
 
-async def _in_step_async(wrapped: Callable[..., Any], args: tuple[Any, ...],
-                         kwargs: dict[str, Any], step: int, attributes: dict[str, Any]) -> Any:
+async def _in_step_async(
+    wrapped: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    step: int,
+    attributes: dict[str, Any],
+) -> Any:
     async with GuardedStep(step, attributes):
         # Called from this coroutine, verl's auto_await sees an async caller: it returns the
         # coroutine, as it would have to the original caller.
         return await wrapped(*args, **kwargs)
 
 
-def generate_sequences_wrapper(wrapped: Callable[..., Any], instance: Any,
-                               args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def generate_sequences_wrapper(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     """``AgentLoopManager.generate_sequences`` inside ``rollout_step(meta_info["global_steps"])``."""
     try:
         step, attributes = step_of(args, kwargs)
@@ -170,5 +184,8 @@ class VerlInstrumentor(LibraryInstrumentor):
     max_tested = (0, 9, 1)
 
     def _targets(self) -> list[Target]:
-        return [Target(AGENT_LOOP_MODULE, "AgentLoopManager.generate_sequences",
-                       generate_sequences_wrapper)]
+        return [
+            Target(
+                AGENT_LOOP_MODULE, "AgentLoopManager.generate_sequences", generate_sequences_wrapper
+            )
+        ]

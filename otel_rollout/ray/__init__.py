@@ -36,8 +36,15 @@ from opentelemetry.context import Context
 from otel_rollout.propagation import extract_context, inject_context
 
 __all__ = [
-    "SETUP_HOOK", "continue_context", "extract_context", "flushing", "force_flush", "inject_context",
-    "receives_context", "runtime_env", "setup_worker",
+    "SETUP_HOOK",
+    "continue_context",
+    "extract_context",
+    "flushing",
+    "force_flush",
+    "inject_context",
+    "receives_context",
+    "runtime_env",
+    "setup_worker",
 ]
 from otel_rollout.sdk import configure_from_environment, force_flush
 
@@ -59,6 +66,7 @@ _setup_done = False
 
 
 # --- context across .remote() ------------------------------------------------------------------
+
 
 def continue_context(carrier: Mapping[str, str] | None, *, flush: bool = False) -> ContinuedContext:
     """``with continue_context(carrier):`` in an actor: the driver's step is the parent there.
@@ -106,21 +114,25 @@ class ContinuedContext:
     def __call__(self, func: F) -> F:
         carrier, flush = self.carrier, self.flush
         if inspect.iscoroutinefunction(func):
+
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 async with ContinuedContext(carrier, flush=flush):
                     return await func(*args, **kwargs)
+
             return cast(F, async_wrapper)
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with ContinuedContext(carrier, flush=flush):
                 return func(*args, **kwargs)
+
         return cast(F, wrapper)
 
 
-def receives_context(func: F | None = None, *, kwarg: str = CARRIER_KWARG,
-                     flush: bool = False) -> Any:
+def receives_context(
+    func: F | None = None, *, kwarg: str = CARRIER_KWARG, flush: bool = False
+) -> Any:
     """Decorate an actor method so callers can pass ``otel_context=inject_context()``.
 
     The carrier is popped from the keyword arguments (the method never sees it) and the method
@@ -131,11 +143,13 @@ def receives_context(func: F | None = None, *, kwarg: str = CARRIER_KWARG,
 
     def decorate(method: F) -> F:
         if inspect.iscoroutinefunction(method):
+
             @functools.wraps(method)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 carrier = kwargs.pop(kwarg, None)
                 async with continue_context(carrier, flush=flush):
                     return await method(*args, **kwargs)
+
             return cast(F, _with_carrier_parameter(async_wrapper, method, kwarg))
 
         @functools.wraps(method)
@@ -143,13 +157,15 @@ def receives_context(func: F | None = None, *, kwarg: str = CARRIER_KWARG,
             carrier = kwargs.pop(kwarg, None)
             with continue_context(carrier, flush=flush):
                 return method(*args, **kwargs)
+
         return cast(F, _with_carrier_parameter(wrapper, method, kwarg))
 
     return decorate(func) if func is not None else decorate
 
 
-def _with_carrier_parameter(wrapper: Callable[..., Any], method: Callable[..., Any],
-                            kwarg: str) -> Any:
+def _with_carrier_parameter(
+    wrapper: Callable[..., Any], method: Callable[..., Any], kwarg: str
+) -> Any:
     """Advertise the carrier keyword in the wrapper's signature.
 
     Ray checks ``.remote()`` arguments against the method's signature on the caller's side,
@@ -160,10 +176,16 @@ def _with_carrier_parameter(wrapper: Callable[..., Any], method: Callable[..., A
     signature = inspect.signature(method)
     params = list(signature.parameters.values())
     if kwarg not in signature.parameters:
-        extra = inspect.Parameter(kwarg, inspect.Parameter.KEYWORD_ONLY, default=None,
-                                  annotation="Mapping[str, str] | None")
+        extra = inspect.Parameter(
+            kwarg,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation="Mapping[str, str] | None",
+        )
         var_kw = [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD]
-        params = [p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD] + [extra] + var_kw
+        params = (
+            [p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD] + [extra] + var_kw
+        )
     wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
     del wrapper.__wrapped__  # type: ignore[attr-defined]
     return wrapper
@@ -171,8 +193,14 @@ def _with_carrier_parameter(wrapper: Callable[..., Any], method: Callable[..., A
 
 # --- worker set-up -------------------------------------------------------------------------------
 
-def runtime_env(base: Mapping[str, Any] | None = None, *, env_vars: Mapping[str, str] | None = None,
-                environ: Mapping[str, str] | None = None, setup_hook: bool = True) -> dict[str, Any]:
+
+def runtime_env(
+    base: Mapping[str, Any] | None = None,
+    *,
+    env_vars: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    setup_hook: bool = True,
+) -> dict[str, Any]:
     """A Ray ``runtime_env`` that gives every worker the driver's telemetry configuration.
 
     ``env_vars`` gets every ``OTEL_*`` variable of the driver (endpoint, protocol, headers,
@@ -201,7 +229,8 @@ def runtime_env(base: Mapping[str, Any] | None = None, *, env_vars: Mapping[str,
         if existing not in (None, SETUP_HOOK):
             raise ValueError(
                 f"runtime_env already has worker_process_setup_hook={existing!r}; Ray runs only "
-                f"one. Call otel_rollout.ray.setup_worker() from that hook instead.")
+                f"one. Call otel_rollout.ray.setup_worker() from that hook instead."
+            )
         merged["worker_process_setup_hook"] = SETUP_HOOK
     return merged
 
@@ -215,8 +244,11 @@ WORKER_DETECTORS = "process,host"
 def _without_instance_id(attributes: str) -> str:
     """The driver's resource attributes minus ``service.instance.id``: copied to every worker,
     it would make all their series identical and collide in the Collector's exporter."""
-    kept = [item for item in attributes.split(",")
-            if item.split("=", 1)[0].strip() != "service.instance.id"]
+    kept = [
+        item
+        for item in attributes.split(",")
+        if item.split("=", 1)[0].strip() != "service.instance.id"
+    ]
     return ",".join(kept)
 
 
@@ -241,8 +273,11 @@ def setup_worker() -> None:
         os.environ.setdefault(RESOURCE_DETECTORS, WORKER_DETECTORS)
         configure_from_environment()
     except Exception:
-        _logger.warning("otel_rollout: could not set up OpenTelemetry in this Ray worker; "
-                        "its spans and metrics are not exported", exc_info=True)
+        _logger.warning(
+            "otel_rollout: could not set up OpenTelemetry in this Ray worker; "
+            "its spans and metrics are not exported",
+            exc_info=True,
+        )
 
 
 @contextmanager

@@ -52,20 +52,25 @@ _log = LogOnce()
 
 def _worth_propagating() -> bool:
     """Only calls made inside a span or a step carry a context; Ray's own calls stay untouched."""
-    return (trace.get_current_span().get_span_context().is_valid or current_step() is not None
-            or step_key() is not None)
+    return (
+        trace.get_current_span().get_span_context().is_valid
+        or current_step() is not None
+        or step_key() is not None
+    )
 
 
-def actor_call_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                       kwargs: dict[str, Any]) -> Any:
+def actor_call_wrapper(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     """``ActorHandle._actor_method_call(method_name, args, kwargs, ...)``: add the context."""
     with _log.guard("ray actor call"):
         args, kwargs = _with_context(instance, args, kwargs)
     return wrapped(*args, **kwargs)
 
 
-def _with_context(handle: Any, args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _with_context(
+    handle: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if not _worth_propagating() or getattr(handle, "_ray_is_cross_language", False):
         return args, kwargs
     method = args[0] if args else kwargs.get("method_name")
@@ -88,41 +93,51 @@ def _with_context(handle: Any, args: tuple[Any, ...],
     return args, {**kwargs, "kwargs": call_kwargs}
 
 
-def class_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> Any:
+def class_wrapper(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     """``_inject_tracing_into_class(cls)``: after Ray, make each traced method continue the caller."""
     result = wrapped(*args, **kwargs)
     with _log.guard("ray actor class"):
         cls = args[0] if args else kwargs.get("_cls")
         for name, method in inspect.getmembers(cls, inspect.isfunction):
-            if getattr(method, "__ray_tracing_wrapped__", False) and not getattr(method, _MARK, False):
+            if getattr(method, "__ray_tracing_wrapped__", False) and not getattr(
+                method, _MARK, False
+            ):
                 setattr(cls, name, _continuing(method))
     return result
 
 
 def _continuing(method: Callable[..., Any]) -> Callable[..., Any]:
     if inspect.iscoroutinefunction(method):
+
         @functools.wraps(method)
-        async def async_call(self: Any, *args: Any, _ray_trace_ctx: Any = None, **kwargs: Any) -> Any:
+        async def async_call(
+            self: Any, *args: Any, _ray_trace_ctx: Any = None, **kwargs: Any
+        ) -> Any:
             if not _ray_trace_ctx:
                 return await method(self, *args, **kwargs)
             with remote_call(_ray_trace_ctx):
                 return await method(self, *args, **kwargs)
+
         call: Callable[..., Any] = async_call
     else:
+
         @functools.wraps(method)
         def sync_call(self: Any, *args: Any, _ray_trace_ctx: Any = None, **kwargs: Any) -> Any:
             if not _ray_trace_ctx:
                 return method(self, *args, **kwargs)
             with remote_call(_ray_trace_ctx):
                 return method(self, *args, **kwargs)
+
         call = sync_call
     setattr(call, _MARK, True)
     return call
 
 
-def init_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Any:
+def init_wrapper(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     """``ray.init``: give the job's workers the driver's telemetry settings and set-up hook."""
     with _log.guard("ray.init runtime_env"):
         kwargs = {**kwargs, "runtime_env": _job_runtime_env(kwargs.get("runtime_env"))}
@@ -135,9 +150,13 @@ def _job_runtime_env(given: Any) -> Any:
     base = dict(given or {})
     hook = base.get("worker_process_setup_hook")
     if hook not in (None, SETUP_HOOK):
-        _log.warn("ray setup hook", "otel_rollout: the job's runtime_env already has "
-                  "worker_process_setup_hook=%r; workers are not set up by otel_rollout (call "
-                  "otel_rollout.ray.setup_worker() from that hook)", hook)
+        _log.warn(
+            "ray setup hook",
+            "otel_rollout: the job's runtime_env already has "
+            "worker_process_setup_hook=%r; workers are not set up by otel_rollout (call "
+            "otel_rollout.ray.setup_worker() from that hook)",
+            hook,
+        )
         return given
     env = runtime_env(base)
     # Workers that inherit opentelemetry-instrument's start-up hook configure the SDK before our

@@ -68,8 +68,9 @@ class StepCollector:
     def __init__(self) -> None:
         self._steps: dict[str, _Pending] = {}
 
-    def report(self, key: str, records: list[RequestRecord], started: set[str],
-               finished: set[str]) -> None:
+    def report(
+        self, key: str, records: list[RequestRecord], started: set[str], finished: set[str]
+    ) -> None:
         entry = self._steps.setdefault(key, _Pending())
         entry.records.extend(records)
         entry.started |= started
@@ -108,8 +109,9 @@ class _Local:
         with self.lock:
             self.pending.setdefault(key, _Pending()).finished.add(call_id)
             if self._flusher is None or not self._flusher.is_alive():
-                self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
-                                                 name="otel_rollout-step-reports")
+                self._flusher = threading.Thread(
+                    target=self._flush_loop, daemon=True, name="otel_rollout-step-reports"
+                )
                 self._flusher.start()
         self._wake.set()
 
@@ -133,8 +135,9 @@ class _Local:
                     flush(SPAN_FLUSH_TIMEOUT_MS)
             for key, pending in ready.items():
                 with _log.guard("step report"):
-                    self.handle().report.remote(key, pending.records, pending.started,
-                                                pending.finished)
+                    self.handle().report.remote(
+                        key, pending.records, pending.started, pending.finished
+                    )
 
     def call_started(self, key: str) -> str:
         call_id = f"{os.getpid()}-{next(self._ids)}"
@@ -169,8 +172,13 @@ LOCAL = _Local()
 def _portable(record: RequestRecord) -> RequestRecord:
     """A copy that pickles and carries no content: the error becomes its finish reason."""
     reason = record.finish_reason
-    return dataclasses.replace(record, error=None, prompt_text=None, completion_texts=(),
-                               finish_reasons=(reason,) if reason else ())
+    return dataclasses.replace(
+        record,
+        error=None,
+        prompt_text=None,
+        completion_texts=(),
+        finish_reasons=(reason,) if reason else (),
+    )
 
 
 def _ray_ready() -> bool:
@@ -181,6 +189,7 @@ def _ray_ready() -> bool:
 
 
 # --- the driver's side: a step channel ---------------------------------------------------------
+
 
 @dataclasses.dataclass
 class _Remote:
@@ -213,8 +222,7 @@ class RayStepChannel:
         records: list[RequestRecord] = list(own.records)
         deadline = time.monotonic() + wait_s
         while True:
-            got, started, finished = ray.get(collector.drain.remote(key),
-                                             timeout=max(1.0, wait_s))
+            got, started, finished = ray.get(collector.drain.remote(key), timeout=max(1.0, wait_s))
             records.extend(got)
             missing = len((own.started | started) - finished)
             if not missing or time.monotonic() >= deadline:
@@ -222,14 +230,20 @@ class RayStepChannel:
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
         collector.forget.remote(key)
         if missing:
-            _logger.warning("otel_rollout: step %s: %d remote call(s) did not report their requests "
-                            "within %.1f s (OTEL_ROLLOUT_STEP_WAIT); the step is reported as "
-                            "partial with the %d requests known", scope.step, missing, wait_s,
-                            len(records))
+            _logger.warning(
+                "otel_rollout: step %s: %d remote call(s) did not report their requests "
+                "within %.1f s (OTEL_ROLLOUT_STEP_WAIT); the step is reported as "
+                "partial with the %d requests known",
+                scope.step,
+                missing,
+                wait_s,
+                len(records),
+            )
         return _Remote(records, max(0, missing))
 
 
 # --- the actors' side ------------------------------------------------------------------------
+
 
 class RemoteStep:
     """Stands in for the driver's step scope in an actor: collects the step's records here."""

@@ -18,8 +18,9 @@ from otel_rollout.reports.summary import format_summary
 __all__ = ["format_summary", "publish"]
 
 
-def publish(step: int | None, stats: StepStats, records: Sequence[RequestRecord],
-            config: RolloutConfig) -> None:
+def publish(
+    step: int | None, stats: StepStats, records: Sequence[RequestRecord], config: RolloutConfig
+) -> None:
     """Everything the configuration asks for at a step's end: summary, log line, PNG."""
     if config.step_summary:
         print(format_summary(step, stats), file=sys.stderr, flush=True)

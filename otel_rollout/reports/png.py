@@ -35,8 +35,9 @@ _C_TAIL_SPAN = "#fdd0a2"
 _C_TRUNCATED = "#756bb1"
 
 
-def render_log(path: str | os.PathLike[str], outdir: str | os.PathLike[str],
-               steps: Iterable[int] | None = None) -> list[str]:
+def render_log(
+    path: str | os.PathLike[str], outdir: str | os.PathLike[str], steps: Iterable[int] | None = None
+) -> list[str]:
     """Draw a PNG per step of a step log (only ``steps`` if given); returns the written paths.
 
     A step number seen twice (a resumed run appending to the same log) gets a numbered suffix
@@ -62,17 +63,18 @@ def _file_stem(entry: Mapping[str, Any]) -> str:
 
 # --- the picture -------------------------------------------------------------------------------
 
+
 def _matplotlib() -> Any:
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:
-        raise ImportError(
-            f"otel_rollout step reports need matplotlib: {INSTALL_HINT}") from exc
+        raise ImportError(f"otel_rollout step reports need matplotlib: {INSTALL_HINT}") from exc
     return Figure
 
 
-def write_png(entry: Mapping[str, Any], outdir: str | os.PathLike[str],
-              filename: str | None = None) -> str:
+def write_png(
+    entry: Mapping[str, Any], outdir: str | os.PathLike[str], filename: str | None = None
+) -> str:
     """Draw one step: request waterfall (left) beside the response-length histogram (right).
 
     Returns the PNG's path. Raises :class:`ImportError` naming ``otel-rollout[report]`` when
@@ -100,13 +102,17 @@ def _title(entry: Mapping[str, Any]) -> str:
     step = entry.get("step")
     label = f"Rollout step {step}" if step is not None else "Rollout step"
     trace_id = entry.get("trace_id")
-    head = (f"{label} — {s['requests']} requests in {s['duration_s']:.2f} s · latency "
-            f"p50 {s['latency_p50_s']:.2f} s · p90 {s['latency_p90_s']:.2f} s · "
-            f"max {s['latency_max_s']:.2f} s")
-    tail = (f"tail {s['tail_duration_s']:.2f} s = {s['tail_fraction']:.0%} of the step, after "
-            f"{s['tail_quantile']:.0%} had finished ({s['tail_requests']} still running) · "
-            f"straggler ratio {s['straggler_ratio']:.1f}× · truncated {s['truncation_ratio']:.0%}"
-            f" · idle capacity {s['idle_fraction']:.0%}")
+    head = (
+        f"{label} — {s['requests']} requests in {s['duration_s']:.2f} s · latency "
+        f"p50 {s['latency_p50_s']:.2f} s · p90 {s['latency_p90_s']:.2f} s · "
+        f"max {s['latency_max_s']:.2f} s"
+    )
+    tail = (
+        f"tail {s['tail_duration_s']:.2f} s = {s['tail_fraction']:.0%} of the step, after "
+        f"{s['tail_quantile']:.0%} had finished ({s['tail_requests']} still running) · "
+        f"straggler ratio {s['straggler_ratio']:.1f}× · truncated {s['truncation_ratio']:.0%}"
+        f" · idle capacity {s['idle_fraction']:.0%}"
+    )
     if trace_id:
         tail += f" · trace {trace_id}"
     return f"{head}\n{tail}"
@@ -130,16 +136,28 @@ def _waterfall(ax: Axes, requests: list[dict[str, Any]], stats: Mapping[str, Any
     # five "slowest" would otherwise paint most of the picture red.
     threshold = stats["latency_p90_s"] * 1e9
     listed = {s.get("span_id") for s in stats.get("stragglers", ()) if s.get("span_id")}
-    straggler_rows = {i for i, r in enumerate(rows)
-                      if (r.get("span_id") in listed or not listed)
-                      and r["finish_ns"] - r["arrival_ns"] >= threshold}
+    straggler_rows = {
+        i
+        for i, r in enumerate(rows)
+        if (r.get("span_id") in listed or not listed)
+        and r["finish_ns"] - r["arrival_ns"] >= threshold
+    }
     if not listed:  # no ids to match: the slowest few by latency
         keep = max(1, len(stats.get("stragglers", ())))
-        straggler_rows = set(sorted(straggler_rows, key=lambda i: rows[i]["arrival_ns"]
-                                    - rows[i]["finish_ns"])[:keep])
+        straggler_rows = set(
+            sorted(straggler_rows, key=lambda i: rows[i]["arrival_ns"] - rows[i]["finish_ns"])[
+                :keep
+            ]
+        )
 
-    ax.axvspan(tail_start, end if end > tail_start else tail_start + 1e-9, color=_C_TAIL_SPAN,
-               alpha=0.55, lw=0, zorder=0)
+    ax.axvspan(
+        tail_start,
+        end if end > tail_start else tail_start + 1e-9,
+        color=_C_TAIL_SPAN,
+        alpha=0.55,
+        lw=0,
+        zorder=0,
+    )
     ax.axvline(tail_start, color=_C_TAIL_DECODE, lw=1, ls="--", zorder=1)
 
     # Bars are line segments: one LineCollection per colour draws 2,000 rows as fast as 8.
@@ -168,26 +186,48 @@ def _waterfall(ax: Axes, requests: list[dict[str, Any]], stats: Mapping[str, Any
 
     from matplotlib.collections import LineCollection
 
-    labels = {_C_QUEUE: "queued", _C_PREFILL: "waiting for first token", _C_DECODE: "decoding",
-              _C_TAIL_DECODE: "finished in the tail", _C_STRAGGLER: "slowest (stragglers)"}
+    labels = {
+        _C_QUEUE: "queued",
+        _C_PREFILL: "waiting for first token",
+        _C_DECODE: "decoding",
+        _C_TAIL_DECODE: "finished in the tail",
+        _C_STRAGGLER: "slowest (stragglers)",
+    }
     for colour in (_C_QUEUE, _C_PREFILL, _C_DECODE, _C_TAIL_DECODE, _C_STRAGGLER):
         if colour in segments:
             # Stragglers keep a readable thickness even when 2,000 rows share the height.
             lw = max(width, 2.0) if colour == _C_STRAGGLER else width
-            ax.add_collection(LineCollection(segments[colour], colors=colour, linewidths=lw,
-                                             capstyle="butt", zorder=3 if lw > width else 2))
-    truncated = [(r["finish_ns"] / 1e9, y) for y, r in enumerate(rows)
-                 if r.get("finish_reason") == FINISH_LENGTH]
+            ax.add_collection(
+                LineCollection(
+                    segments[colour],
+                    colors=colour,
+                    linewidths=lw,
+                    capstyle="butt",
+                    zorder=3 if lw > width else 2,
+                )
+            )
+    truncated = [
+        (r["finish_ns"] / 1e9, y)
+        for y, r in enumerate(rows)
+        if r.get("finish_reason") == FINISH_LENGTH
+    ]
     if truncated:
-        xs, ys = zip(*truncated)
-        ax.scatter(xs, ys, marker="|", s=max(4.0, min(60.0, (width * 1.6) ** 2)),
-                   color=_C_TRUNCATED, zorder=3, linewidths=1.0 if n > 200 else 1.5)
+        xs, ys = zip(*truncated, strict=False)
+        ax.scatter(
+            xs,
+            ys,
+            marker="|",
+            s=max(4.0, min(60.0, (width * 1.6) ** 2)),
+            color=_C_TRUNCATED,
+            zorder=3,
+            linewidths=1.0 if n > 200 else 1.5,
+        )
 
     # Name what the step waited for: the last finisher and the slowest, with their trace ids.
     last = len(rows) - 1
     by_latency = sorted(range(n), key=lambda i: rows[i]["arrival_ns"] - rows[i]["finish_ns"])
     noted = [last] + [i for i in by_latency if i in straggler_rows and i != last]
-    for k, y in enumerate(noted[:3 if n > 40 else 8]):
+    for k, y in enumerate(noted[: 3 if n > 40 else 8]):
         r = rows[y]
         tokens = r.get("output_tokens")
         note = f"{'last ' if y == last else ''}{(r['finish_ns'] - r['arrival_ns']) / 1e9:.2f} s"
@@ -195,10 +235,19 @@ def _waterfall(ax: Axes, requests: list[dict[str, Any]], stats: Mapping[str, Any
             note += f", {tokens} tok"
         if r.get("trace_id"):
             note += f", trace {r['trace_id'][:8]}…"
-        ax.annotate(note, (r["finish_ns"] / 1e9, y), xytext=(4, 0 if n <= 40 else 12 * k),
-                    textcoords="offset points", va="center", fontsize=8, color=_C_STRAGGLER,
-                    zorder=4, arrowprops=None if n <= 40 or k == 0 else
-                    {"arrowstyle": "-", "color": _C_STRAGGLER, "lw": 0.5})
+        ax.annotate(
+            note,
+            (r["finish_ns"] / 1e9, y),
+            xytext=(4, 0 if n <= 40 else 12 * k),
+            textcoords="offset points",
+            va="center",
+            fontsize=8,
+            color=_C_STRAGGLER,
+            zorder=4,
+            arrowprops=None
+            if n <= 40 or k == 0
+            else {"arrowstyle": "-", "color": _C_STRAGGLER, "lw": 0.5},
+        )
 
     ax.set_xlim(0, end * 1.16 if end > 0 else 1)
     pad = 0.5 if n <= 40 else n * 0.015
@@ -214,8 +263,12 @@ def _waterfall(ax: Axes, requests: list[dict[str, Any]], stats: Mapping[str, Any
     # Patches, not the collections themselves: a 0.6 pt line is invisible in a legend.
     from matplotlib.patches import Patch
 
-    handles = [Patch(color=_C_TAIL_SPAN, label=f"tail: {stats['tail_duration_s']:.2f} s, "
-                                                 f"{stats['tail_requests']} requests")]
+    handles = [
+        Patch(
+            color=_C_TAIL_SPAN,
+            label=f"tail: {stats['tail_duration_s']:.2f} s, {stats['tail_requests']} requests",
+        )
+    ]
     handles += [Patch(color=c, label=labels[c]) for c in labels if c in segments]
     if truncated:
         handles.append(Patch(color=_C_TRUNCATED, label="hit max_tokens (tick at finish)"))
@@ -233,13 +286,28 @@ def _histogram(ax: Axes, requests: list[dict[str, Any]], stats: Mapping[str, Any
         return
     top = max(values)
     bins = max(1, min(40, top + 1 if top < 40 else 40))
-    ax.hist([stopped, cut], bins=bins, range=(0, max(1, top)), stacked=True,
-            color=[_C_DECODE, _C_TRUNCATED], label=["stopped", "hit max_tokens"],
-            edgecolor="white", linewidth=0.4)
-    for key, style in (("output_tokens_p50", ":"), ("output_tokens_p90", "--"),
-                       ("output_tokens_max", "-")):
-        ax.axvline(stats[key], color="#333333", ls=style, lw=1,
-                   label=f"{key.rsplit('_', 1)[1]} {stats[key]}")
+    ax.hist(
+        [stopped, cut],
+        bins=bins,
+        range=(0, max(1, top)),
+        stacked=True,
+        color=[_C_DECODE, _C_TRUNCATED],
+        label=["stopped", "hit max_tokens"],
+        edgecolor="white",
+        linewidth=0.4,
+    )
+    for key, style in (
+        ("output_tokens_p50", ":"),
+        ("output_tokens_p90", "--"),
+        ("output_tokens_max", "-"),
+    ):
+        ax.axvline(
+            stats[key],
+            color="#333333",
+            ls=style,
+            lw=1,
+            label=f"{key.rsplit('_', 1)[1]} {stats[key]}",
+        )
     ax.set_xlabel("output tokens")
     ax.set_ylabel("requests")
     ax.legend(fontsize=8)

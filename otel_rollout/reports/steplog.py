@@ -27,8 +27,9 @@ ENTRY_VERSION = 1
 _LOG_LOCK = threading.Lock()
 
 
-def step_entry(step: int | None, stats: StepStats,
-               records: Sequence[RequestRecord]) -> dict[str, Any]:
+def step_entry(
+    step: int | None, stats: StepStats, records: Sequence[RequestRecord]
+) -> dict[str, Any]:
     """One step as plain JSON: its analytics and every request's timeline.
 
     Times of requests are nanoseconds relative to the step's first arrival (``t0_unix_ns``), which
@@ -36,20 +37,23 @@ def step_entry(step: int | None, stats: StepStats,
     can still be found in a tracing backend by time, and each request keeps its span's ids.
     """
     t0 = min((r.arrival_ns for r in records), default=0)
-    requests = [{
-        "arrival_ns": record.arrival_ns - t0,
-        "scheduled_ns": None if record.scheduled_ns is None else record.scheduled_ns - t0,
-        "first_token_ns": None if record.first_token_ns is None else record.first_token_ns - t0,
-        "finish_ns": record.finish_ns - t0,
-        "prompt_tokens": record.prompt_tokens,
-        "output_tokens": record.output_tokens,
-        "max_tokens": record.max_tokens,
-        "finish_reason": record.finish_reason,
-        "request_id": record.request_id,
-        "model": record.model,
-        "trace_id": record.trace_hex,
-        "span_id": record.span_hex,
-    } for record in records]
+    requests = [
+        {
+            "arrival_ns": record.arrival_ns - t0,
+            "scheduled_ns": None if record.scheduled_ns is None else record.scheduled_ns - t0,
+            "first_token_ns": None if record.first_token_ns is None else record.first_token_ns - t0,
+            "finish_ns": record.finish_ns - t0,
+            "prompt_tokens": record.prompt_tokens,
+            "output_tokens": record.output_tokens,
+            "max_tokens": record.max_tokens,
+            "finish_reason": record.finish_reason,
+            "request_id": record.request_id,
+            "model": record.model,
+            "trace_id": record.trace_hex,
+            "span_id": record.span_hex,
+        }
+        for record in records
+    ]
     stats_dict = asdict(stats)
     stats_dict["tail_fraction"] = stats.tail_fraction
     stats_dict["tail_start_ns"] = stats.tail_start_ns - t0
@@ -62,6 +66,7 @@ def step_entry(step: int | None, stats: StepStats,
         "stats": stats_dict,
         "requests": requests,
     }
+
 
 def append_step_log(path: str | os.PathLike[str], entry: Mapping[str, Any]) -> None:
     """Append ``entry`` as one JSON line.
@@ -92,9 +97,11 @@ def read_log(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                 _logger.warning("otel_rollout: %s line %d is not JSON; skipped", path, number)
                 continue
             if not isinstance(entry, dict) or entry.get("version") != ENTRY_VERSION:
-                _logger.warning("otel_rollout: %s line %d is not a version-%d step entry; skipped",
-                                path, number, ENTRY_VERSION)
+                _logger.warning(
+                    "otel_rollout: %s line %d is not a version-%d step entry; skipped",
+                    path,
+                    number,
+                    ENTRY_VERSION,
+                )
                 continue
             yield entry
-
-

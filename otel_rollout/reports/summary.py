@@ -19,6 +19,8 @@ def format_summary(step: int | None, stats: StepStats) -> str:
     ]
     for s in stats.stragglers:
         tokens = "?" if s.output_tokens is None else s.output_tokens
-        lines.append(f"  slow: {s.duration_s:8.3f} s {tokens:>6} tokens "
-                     f"{s.finish_reason or '-':<6} trace_id={s.trace_id} span_id={s.span_id}")
+        lines.append(
+            f"  slow: {s.duration_s:8.3f} s {tokens:>6} tokens "
+            f"{s.finish_reason or '-':<6} trace_id={s.trace_id} span_id={s.span_id}"
+        )
     return "\n".join(lines)

@@ -25,8 +25,11 @@ class SGLangInstrumentor(EngineInstrumentor):
         manager = "sglang.srt.managers.tokenizer_manager"
         return [
             # Also where the HTTP server's request headers (traceparent, baggage) are read.
-            Target(manager, "TokenizerManager.generate_request",
-                   adapter.generate_request_wrapper(telemetry)),
+            Target(
+                manager,
+                "TokenizerManager.generate_request",
+                adapter.generate_request_wrapper(telemetry),
+            ),
             Target(engine, "Engine.generate", adapter.engine_wrapper),
             Target(engine, "Engine.async_generate", adapter.async_engine_wrapper),
             Target(engine, "Engine.__init__", watch_global_tracer_provider(self.engine_name)),

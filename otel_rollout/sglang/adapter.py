@@ -65,8 +65,9 @@ _ENGINE_CALL = otel_context.create_key("otel_rollout.sglang.engine_call")
 
 
 def model_name(manager: Any) -> str:
-    return model_label(getattr(manager, "served_model_name", None)
-                       or getattr(manager, "model_path", None))
+    return model_label(
+        getattr(manager, "served_model_name", None) or getattr(manager, "model_path", None)
+    )
 
 
 def _seconds_ns(seconds: Any) -> int | None:
@@ -75,6 +76,7 @@ def _seconds_ns(seconds: Any) -> int | None:
 
 
 # --- request shape ------------------------------------------------------------------------
+
 
 def _parallel_samples(params: Any) -> int:
     if isinstance(params, Mapping):
@@ -118,6 +120,7 @@ def _tracing_enabled(manager: Any) -> bool:
 
 # --- batches --------------------------------------------------------------------------------
 
+
 class BatchScope:
     """``telemetry.batch()`` held open until a batch's last request ends, in a context of its own.
 
@@ -148,6 +151,7 @@ class BatchScope:
 
 # --- one generate_request call --------------------------------------------------------------
 
+
 class _Request:
     """What the stream has shown of one engine request so far."""
 
@@ -169,8 +173,16 @@ class RequestGroup:
     when its chunk carries a finish reason. The stream's end only settles what is left.
     """
 
-    def __init__(self, telemetry: Telemetry, manager: Any, obj: GenerateReqInput, model: str,
-                 parent: Context, batch: BatchScope | None, expected: int) -> None:
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        manager: Any,
+        obj: GenerateReqInput,
+        model: str,
+        parent: Context,
+        batch: BatchScope | None,
+        expected: int,
+    ) -> None:
         self.telemetry = telemetry
         self.model = model
         self.parent = parent
@@ -186,7 +198,8 @@ class RequestGroup:
         self.obj = obj  # its rids exist only once SGLang has normalized it
         self.samples = _parallel_samples(obj.sampling_params)
         self.capture = telemetry.config.capture_content and not (
-            self.streamed and getattr(manager, "incremental_streaming_output", False))
+            self.streamed and getattr(manager, "incremental_streaming_output", False)
+        )
         self.requests: dict[int, _Request] = {}
         self.finished = 0
         self.settled = False
@@ -260,28 +273,47 @@ class RequestGroup:
         arrival, finish, first, scheduled, source = self._timeline(state, now, error)
         reason = normalize_finish_reason(meta.get("finish_reason"))
         record = RequestRecord(
-            provider=PROVIDER, model=self.model, operation=OPERATION,
-            arrival_ns=arrival, finish_ns=max(finish, arrival), first_token_ns=first,
-            scheduled_ns=scheduled, request_id=meta.get("id") or self._rid(index),
-            prompt_tokens=meta.get("prompt_tokens"), output_tokens=meta.get("completion_tokens"),
-            cached_tokens=meta.get("cached_tokens"), finish_reasons=(reason,) if reason else (),
-            error=error, timing_source=source)
+            provider=PROVIDER,
+            model=self.model,
+            operation=OPERATION,
+            arrival_ns=arrival,
+            finish_ns=max(finish, arrival),
+            first_token_ns=first,
+            scheduled_ns=scheduled,
+            request_id=meta.get("id") or self._rid(index),
+            prompt_tokens=meta.get("prompt_tokens"),
+            output_tokens=meta.get("completion_tokens"),
+            cached_tokens=meta.get("cached_tokens"),
+            finish_reasons=(reason,) if reason else (),
+            error=error,
+            timing_source=source,
+        )
         self._fill_request(record, index, state)
         return record
 
-    def _timeline(self, state: _Request, now: int, error: BaseException | None,
-                  ) -> tuple[int, int, int | None, int | None, str]:
+    def _timeline(
+        self,
+        state: _Request,
+        now: int,
+        error: BaseException | None,
+    ) -> tuple[int, int, int | None, int | None, str]:
         """(arrival, finish, first token, scheduled, source) in epoch ns; see the module doc."""
         meta = state.meta
         e2e = _seconds_ns(meta.get("e2e_latency"))
         received = Clock.from_wall(meta.get("request_received_ts"))
         if error is None and e2e is not None and received is not None:
             first_latency = _seconds_ns(meta.get("first_token_latency"))
-            return (received, received + e2e,
-                    None if first_latency is None else received + first_latency,
-                    Clock.from_wall(meta.get("forward_entry_time")), "engine")
+            return (
+                received,
+                received + e2e,
+                None if first_latency is None else received + first_latency,
+                Clock.from_wall(meta.get("forward_entry_time")),
+                "engine",
+            )
         if error is None and e2e is not None:
-            sent = None if self.streamed else Clock.from_wall(meta.get("response_sent_to_client_ts"))
+            sent = (
+                None if self.streamed else Clock.from_wall(meta.get("response_sent_to_client_ts"))
+            )
             finish = sent or state.seen_ns or now
             return finish - e2e, finish, state.first_ns, None, "engine_latency"
         return self.start_ns, now, state.first_ns, None, "observed"
@@ -318,6 +350,7 @@ class RequestGroup:
 
 # --- wrappers -------------------------------------------------------------------------------
 
+
 def generate_request_wrapper(telemetry: Telemetry) -> Wrapper:
     """``TokenizerManager.generate_request``: one span per engine request, in the caller's context.
 
@@ -329,8 +362,9 @@ def generate_request_wrapper(telemetry: Telemetry) -> Wrapper:
     with its own tracing on, and never ``baggage``. ``Engine`` calls pass ``None``.
     """
 
-    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> Any:
+    def wrapper(
+        wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         obj = args[0] if args else kwargs.get("obj")
         if obj is None or not should_observe() or not _is_generate(obj):
             return wrapped(*args, **kwargs)
@@ -363,8 +397,9 @@ def generate_request_wrapper(telemetry: Telemetry) -> Wrapper:
     return wrapper
 
 
-def engine_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                   kwargs: dict[str, Any]) -> Any:
+def engine_wrapper(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     """``Engine.generate``: mark the call, so the request it makes knows a batch needs a parent."""
     if not should_observe():
         return wrapped(*args, **kwargs)
@@ -375,8 +410,9 @@ def engine_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, 
         otel_context.detach(token)
 
 
-def async_engine_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                         kwargs: dict[str, Any]) -> Any:
+def async_engine_wrapper(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     """``Engine.async_generate``: as :func:`engine_wrapper`, inside the awaiting task."""
     if not should_observe():
         return wrapped(*args, **kwargs)

@@ -25,14 +25,25 @@ class VLLMInstrumentor(EngineInstrumentor):
         processor = "vllm.v1.engine.output_processor"
         serving, get_trace_headers = adapter.serving_hook()
         return [
-            Target("vllm.entrypoints.llm", "LLM.generate",
-             adapter.offline_wrapper(telemetry, "text_completion")),
+            Target(
+                "vllm.entrypoints.llm",
+                "LLM.generate",
+                adapter.offline_wrapper(telemetry, "text_completion"),
+            ),
             Target("vllm.entrypoints.llm", "LLM.chat", adapter.offline_wrapper(telemetry, "chat")),
-            Target(processor, "OutputProcessor.add_request", adapter.add_request_wrapper(telemetry)),
-            Target(processor, "OutputProcessor.process_outputs",
-                   adapter.process_outputs_wrapper(telemetry)),
-            Target("vllm.v1.engine.async_llm", "AsyncLLM.generate",
-             adapter.async_generate_wrapper(telemetry)),
+            Target(
+                processor, "OutputProcessor.add_request", adapter.add_request_wrapper(telemetry)
+            ),
+            Target(
+                processor,
+                "OutputProcessor.process_outputs",
+                adapter.process_outputs_wrapper(telemetry),
+            ),
+            Target(
+                "vllm.v1.engine.async_llm",
+                "AsyncLLM.generate",
+                adapter.async_generate_wrapper(telemetry),
+            ),
             # The OpenAI server: every endpoint reads the HTTP headers here before the engine call.
             Target(serving, get_trace_headers, adapter.server_headers_wrapper(telemetry)),
             Target("vllm.v1.engine.async_llm", "AsyncLLM.__init__", watch),

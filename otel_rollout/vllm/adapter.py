@@ -101,7 +101,8 @@ def record_from_output(
         scheduled = clock.from_monotonic(stats.scheduled_ts or None)
         finish = clock.from_monotonic(stats.last_token_ts or None) or finish
         source = "engine"
-        if output_tokens is None:
+        if output_tokens is None and len(output.outputs or ()) <= 1:
+            # With n > 1 the stats are the last-finishing sample's: count every sample instead.
             output_tokens = stats.num_generation_tokens
     elif times is not None and rid in times.arrival and rid in times.finish:
         arrival = Clock.from_wall(times.arrival[rid]) or arrival
@@ -112,9 +113,14 @@ def record_from_output(
     if output_tokens is None:
         output_tokens = sum(len(c.token_ids) for c in choices)
     record = RequestRecord(
-        provider=PROVIDER, model=model, operation=operation,
-        arrival_ns=arrival, finish_ns=max(finish, arrival), first_token_ns=first,
-        scheduled_ns=scheduled, request_id=rid,
+        provider=PROVIDER,
+        model=model,
+        operation=operation,
+        arrival_ns=arrival,
+        finish_ns=max(finish, arrival),
+        first_token_ns=first,
+        scheduled_ns=scheduled,
+        request_id=rid,
         prompt_tokens=len(output.prompt_token_ids) if output.prompt_token_ids is not None else None,
         output_tokens=output_tokens,
         cached_tokens=getattr(output, "num_cached_tokens", None),
@@ -129,11 +135,13 @@ def record_from_output(
 
 # --- offline: LLM.generate / LLM.chat -------------------------------------------------------
 
+
 def offline_wrapper(telemetry: Telemetry, operation: str) -> Wrapper:
     """One parent span per call, one child per request with the engine's own timeline."""
 
-    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> Any:
+    def wrapper(
+        wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         if not should_observe():
             return wrapped(*args, **kwargs)
         model = model_name(instance)
@@ -145,17 +153,29 @@ def offline_wrapper(telemetry: Telemetry, operation: str) -> Wrapper:
         stats_on = bool(getattr(getattr(instance, "llm_engine", None), "log_stats", False))
         times = None if stats_on else StepTimes()
         with batch_in_step(telemetry, model, operation, size) as batch_ctx:
-            ctx = batch_ctx if times is None else otel_context.set_value(_STEP_TIMES, times,
-                                                                        batch_ctx)
+            ctx = (
+                batch_ctx
+                if times is None
+                else otel_context.set_value(_STEP_TIMES, times, batch_ctx)
+            )
             telemetry.requests_started(model, operation, size)
             token = otel_context.attach(ctx)
             try:
                 with observing():
                     outputs = wrapped(*args, **kwargs)
             except BaseException as exc:
-                telemetry.emit(RequestRecord(
-                    provider=PROVIDER, model=model, operation=operation, arrival_ns=start_ns,
-                    finish_ns=clock.now_ns(), error=exc, timing_source="observed"), batch_ctx)
+                telemetry.emit(
+                    RequestRecord(
+                        provider=PROVIDER,
+                        model=model,
+                        operation=operation,
+                        arrival_ns=start_ns,
+                        finish_ns=clock.now_ns(),
+                        error=exc,
+                        timing_source="observed",
+                    ),
+                    batch_ctx,
+                )
                 raise
             finally:
                 otel_context.detach(token)
@@ -164,8 +184,16 @@ def offline_wrapper(telemetry: Telemetry, operation: str) -> Wrapper:
             with telemetry.log.guard("vllm offline records"):
                 records = []
                 for i, output in enumerate(outputs):
-                    record = record_from_output(output, operation, model, clock, start_ns, end_ns,
-                                                times, telemetry.config.capture_content)
+                    record = record_from_output(
+                        output,
+                        operation,
+                        model,
+                        clock,
+                        start_ns,
+                        end_ns,
+                        times,
+                        telemetry.config.capture_content,
+                    )
                     _fill_sampling(record, _param(params, i))
                     records.append(record)
                 telemetry.emit_all(records, batch_ctx)
@@ -198,18 +226,27 @@ def _core_output_fields(out: Any) -> tuple[str, bool, bool]:
 def add_request_wrapper(telemetry: Telemetry) -> Wrapper:
     """``OutputProcessor.add_request``: note the engine's arrival time for stats-off calls."""
 
-    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> Any:
+    def wrapper(
+        wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         times: StepTimes | None = otel_context.get_value(_STEP_TIMES)  # type: ignore[assignment]
         if times is not None:
             with telemetry.log.guard("vllm engine loop (add_request)"):
                 request = args[0] if args else kwargs.get("request")
+                # vLLM <= 0.12 has no external_req_id: an n > 1 sample is registered as
+                # "<i>_<id>" with its parent request, whose id is the one the output carries.
+                parent = args[2] if len(args) > 2 else kwargs.get("parent_req")
                 rid = getattr(request, "request_id", None)
                 if rid is not None:
-                    external = getattr(request, "external_req_id", None) or rid
+                    external = (
+                        getattr(request, "external_req_id", None)
+                        or getattr(parent, "request_id", None)
+                        or rid
+                    )
                     times.external[rid] = external
-                    times.arrival.setdefault(external,
-                                             getattr(request, "arrival_time", None) or time.time())
+                    times.arrival.setdefault(
+                        external, getattr(request, "arrival_time", None) or time.time()
+                    )
         return wrapped(*args, **kwargs)
 
     return wrapper
@@ -218,8 +255,9 @@ def add_request_wrapper(telemetry: Telemetry) -> Wrapper:
 def process_outputs_wrapper(telemetry: Telemetry) -> Wrapper:
     """``OutputProcessor.process_outputs``: the one loop that sees every request's every step."""
 
-    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> Any:
+    def wrapper(
+        wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         times: StepTimes | None = otel_context.get_value(_STEP_TIMES)  # type: ignore[assignment]
         if times is not None:
             with telemetry.log.guard("vllm engine loop (process_outputs)"):
@@ -243,14 +281,27 @@ def process_outputs_wrapper(telemetry: Telemetry) -> Wrapper:
 
 # --- async: AsyncLLM.generate -------------------------------------------------------------------
 
+
 class AsyncRequest:
     """State of one streamed request, finalized once by :class:`ObservedAsyncStream`."""
 
-    __slots__ = ("telemetry", "model", "request_id", "params", "parent", "clock", "start_ns",
-                 "first_ns", "last", "tokens", "delta")
+    __slots__ = (
+        "telemetry",
+        "model",
+        "request_id",
+        "params",
+        "parent",
+        "clock",
+        "start_ns",
+        "first_ns",
+        "last",
+        "tokens",
+        "delta",
+    )
 
-    def __init__(self, telemetry: Telemetry, model: str, request_id: str | None, params: Any,
-                 parent: Context) -> None:
+    def __init__(
+        self, telemetry: Telemetry, model: str, request_id: str | None, params: Any, parent: Context
+    ) -> None:
         self.telemetry = telemetry
         self.model = model
         self.request_id = request_id
@@ -273,8 +324,9 @@ class AsyncRequest:
                 count = len(choice.token_ids)
                 if count and self.first_ns is None:
                     self.first_ns = self.clock.now_ns()
-                self.tokens[choice.index] = (self.tokens.get(choice.index, 0) + count
-                                             if self.delta else count)
+                self.tokens[choice.index] = (
+                    self.tokens.get(choice.index, 0) + count if self.delta else count
+                )
 
     def finish(self, error: BaseException | None) -> None:
         telemetry = self.telemetry
@@ -283,19 +335,35 @@ class AsyncRequest:
             now = self.clock.now_ns()
             if self.last is not None:
                 record = record_from_output(
-                    self.last, "text_completion", self.model, self.clock, self.start_ns, now, None,
+                    self.last,
+                    "text_completion",
+                    self.model,
+                    self.clock,
+                    self.start_ns,
+                    now,
+                    None,
                     telemetry.config.capture_content and not self.delta,
-                    output_tokens=sum(self.tokens.values()) if self.tokens else None)
+                    output_tokens=sum(self.tokens.values()) if self.tokens else None,
+                )
                 if record.timing_source == "observed":
                     record.first_token_ns = self.first_ns
             else:
-                record = RequestRecord(provider=PROVIDER, model=self.model,
-                                       operation="text_completion", arrival_ns=self.start_ns,
-                                       finish_ns=now, request_id=self.request_id,
-                                       timing_source="observed")
+                record = RequestRecord(
+                    provider=PROVIDER,
+                    model=self.model,
+                    operation="text_completion",
+                    arrival_ns=self.start_ns,
+                    finish_ns=now,
+                    request_id=self.request_id,
+                    timing_source="observed",
+                )
             if error is not None:
                 record.error = error
-                if record.timing_source == "engine" and self.last is not None and not self.last.finished:
+                if (
+                    record.timing_source == "engine"
+                    and self.last is not None
+                    and not self.last.finished
+                ):
                     record.finish_ns = max(record.arrival_ns, now)
             _fill_sampling(record, self.params)
             telemetry.emit(record, self.parent)
@@ -304,8 +372,9 @@ class AsyncRequest:
 def async_generate_wrapper(telemetry: Telemetry) -> Wrapper:
     """One span per streamed request, in the caller's context, ended when the stream ends."""
 
-    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> Any:
+    def wrapper(
+        wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         if not should_observe():
             return wrapped(*args, **kwargs)
         if kwargs.get("trace_headers") is None and _tracing_enabled(instance):
@@ -332,8 +401,8 @@ def _tracing_enabled(engine: Any) -> bool:
 # --- OpenAI-compatible server: the HTTP request's trace context ---------------------------------
 
 SERVING_HOOKS = (
-    ("vllm.entrypoints.serve.engine.serving", "BaseServing"),      # newer; checked on 0.32.0
-    ("vllm.entrypoints.openai.serving_engine", "OpenAIServing"),   # older; checked on 0.12.0
+    ("vllm.entrypoints.serve.engine.serving", "BaseServing"),  # newer; checked on 0.32.0
+    ("vllm.entrypoints.openai.serving_engine", "OpenAIServing"),  # older; checked on 0.12.0
 )
 """Where the OpenAI server's ``_get_trace_headers(headers)`` lives, newest layout first."""
 
@@ -375,8 +444,9 @@ def server_headers_wrapper(telemetry: Telemetry) -> Wrapper:
     returns is returned unchanged.
     """
 
-    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> Any:
+    def wrapper(
+        wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         if should_observe():
             with telemetry.log.guard("vllm server context"):
                 ctx = server_context(args[0] if args else kwargs.get("headers"))

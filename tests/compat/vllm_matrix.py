@@ -33,7 +33,7 @@ SOURCES: dict[tuple[int, int], dict[str, str]] = {
     (0, 12): {
         "offline": "engine_steps",
         "offline_stats": "engine",
-        "offline_n": "observed",
+        "offline_n": "engine_steps",
         "offline_n_stats": "engine",
         "async_stats": "engine",
         "async": "observed",
@@ -41,7 +41,7 @@ SOURCES: dict[tuple[int, int], dict[str, str]] = {
     (0, 11): {
         "offline": "engine_steps",
         "offline_stats": "observed",
-        "offline_n": "observed",
+        "offline_n": "engine_steps",
         "offline_n_stats": "observed",
         "async_stats": "observed",
         "async": "observed",
@@ -49,7 +49,7 @@ SOURCES: dict[tuple[int, int], dict[str, str]] = {
     (0, 10): {
         "offline": "engine_steps",
         "offline_stats": "observed",
-        "offline_n": "observed",
+        "offline_n": "engine_steps",
         "offline_n_stats": "observed",
         "async_stats": "observed",
         "async": "observed",
@@ -61,36 +61,23 @@ _NO_METRICS = (
     "_new_request_output passes no metrics): the adapter falls back to the caller's "
     "view; the stats live in RequestState.stats inside the output processor"
 )
-_CHILD_IDS = (
-    "vLLM <= 0.12 has no external_req_id: n > 1 children are 'i_<id>' in "
-    "OutputProcessor.add_request, the output is '<id>', so stats-off step times "
-    "never match and every sample group gets the batch's bounds"
-)
 _ASYNC_OFF = (
     "AsyncLLM with disable_log_stats=True (verl's server) has no RequestOutput.metrics "
     "and the adapter does not collect engine step times for AsyncLLM"
 )
 
-_N_TOKENS = (
-    "n > 1 with stats on: the span's output tokens are RequestOutput.metrics."
-    "num_generation_tokens, the stats of the one child that finished last, not the sum "
-    "over the n samples (adapter record_from_output)"
-)
-
 # "<config>" = exact timing; "<config>:tokens" = the output-token count.
 GAPS: dict[tuple[int, int], dict[str, str]] = {
-    (0, 32): {"async": _ASYNC_OFF, "offline_n_stats:tokens": _N_TOKENS},
-    (0, 12): {"offline_n": _CHILD_IDS, "async": _ASYNC_OFF, "offline_n_stats:tokens": _N_TOKENS},
+    (0, 32): {"async": _ASYNC_OFF},
+    (0, 12): {"async": _ASYNC_OFF},
     (0, 11): {
         "offline_stats": _NO_METRICS,
-        "offline_n": _CHILD_IDS,
         "offline_n_stats": _NO_METRICS,
         "async_stats": _NO_METRICS,
         "async": _ASYNC_OFF,
     },
     (0, 10): {
         "offline_stats": _NO_METRICS,
-        "offline_n": _CHILD_IDS,
         "offline_n_stats": _NO_METRICS,
         "async_stats": _NO_METRICS,
         "async": _ASYNC_OFF,

@@ -25,8 +25,12 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] == "otel_rollout")
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
-                and node.module.split(".")[0] == "otel_rollout":
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.level == 0
+            and node.module.split(".")[0] == "otel_rollout"
+        ):
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"
                 found.add(sub if sub in modules else node.module)
@@ -37,7 +41,9 @@ def test_no_import_cycle_in_the_package() -> None:
     paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph = {name: _imports(path, set(paths)) - {name} for name, path in paths.items()}
     # A package's __init__ re-exporting its own submodules is not a layer pointing back.
-    graph = {name: {d for d in deps if not name.startswith(d + ".")} for name, deps in graph.items()}
+    graph = {
+        name: {d for d in deps if not name.startswith(d + ".")} for name, deps in graph.items()
+    }
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -46,7 +52,7 @@ def test_no_import_cycle_in_the_package() -> None:
         stack.append(node)
         for dep in sorted(graph.get(node, ())):
             if state.get(dep) == 1:
-                cycle = stack[stack.index(dep):] + [dep]
+                cycle = stack[stack.index(dep) :] + [dep]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if dep in graph and state.get(dep) is None:
                 visit(dep)
@@ -76,6 +82,7 @@ def test_importing_the_package_and_instrumenting_loads_no_engine() -> None:
         "VLLMInstrumentor().instrument(); SGLangInstrumentor().instrument()\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('vllm', 'sglang', 'torch', 'ray', 'transformers'))\n"
-        "print(heavy)\n")
+        "print(heavy)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -44,8 +44,15 @@ def test_record_derived_durations() -> None:
     r = RequestRecord(provider="p", model="m", operation="o", arrival_ns=1_000, finish_ns=500)
     assert r.duration_s == 0  # clamped, never negative
     assert r.ttft_s is None and r.queue_time_s is None and r.tpot_s is None
-    r = RequestRecord(provider="p", model="m", operation="o", arrival_ns=0,
-                      finish_ns=3_000_000_000, first_token_ns=1_000_000_000, output_tokens=5)
+    r = RequestRecord(
+        provider="p",
+        model="m",
+        operation="o",
+        arrival_ns=0,
+        finish_ns=3_000_000_000,
+        first_token_ns=1_000_000_000,
+        output_tokens=5,
+    )
     assert r.tpot_s == 0.5 and r.ttft_s == 1.0 and r.duration_s == 3.0
 
 

@@ -22,26 +22,32 @@ from tests.core.conftest import make_record
 
 # --- model label -------------------------------------------------------------------------------
 
-SNAPSHOT = ("/root/.cache/huggingface/hub/models--Qwen--Qwen2.5-7B-Instruct/snapshots/"
-            "a09a35458c702b33eeacc393d103063234e8bc28")
+SNAPSHOT = (
+    "/root/.cache/huggingface/hub/models--Qwen--Qwen2.5-7B-Instruct/snapshots/"
+    "a09a35458c702b33eeacc393d103063234e8bc28"
+)
 
 
-@pytest.mark.parametrize(("name", "label"), [
-    (SNAPSHOT, "Qwen/Qwen2.5-7B-Instruct"),
-    (SNAPSHOT + "/", "Qwen/Qwen2.5-7B-Instruct"),
-    ("/hub/models--Qwen--Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B-Instruct"),
-    ("/hub/models--gpt2/snapshots/abc123", "gpt2"),
-    ([SNAPSHOT, "other"], "Qwen/Qwen2.5-7B-Instruct"),
-    ("/data/checkpoints/my-sft-model", "my-sft-model"),
-    ("/data/checkpoints/my-sft-model/", "my-sft-model"),
-    ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B-Instruct"),  # a Hub id stays as given
-    (None, "unknown"),
-])
+@pytest.mark.parametrize(
+    ("name", "label"),
+    [
+        (SNAPSHOT, "Qwen/Qwen2.5-7B-Instruct"),
+        (SNAPSHOT + "/", "Qwen/Qwen2.5-7B-Instruct"),
+        ("/hub/models--Qwen--Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B-Instruct"),
+        ("/hub/models--gpt2/snapshots/abc123", "gpt2"),
+        ([SNAPSHOT, "other"], "Qwen/Qwen2.5-7B-Instruct"),
+        ("/data/checkpoints/my-sft-model", "my-sft-model"),
+        ("/data/checkpoints/my-sft-model/", "my-sft-model"),
+        ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B-Instruct"),  # a Hub id stays as given
+        (None, "unknown"),
+    ],
+)
 def test_model_label(name: object, label: str) -> None:
     assert model_label(name) == label
 
 
 # --- step numbers under OTEL_ROLLOUT_BATCH_AS_STEP ---------------------------------------------
+
 
 @pytest.fixture(autouse=True)
 def _restore_step_numbering() -> Iterator[None]:
@@ -58,15 +64,17 @@ def _batch_calls(telemetry: Telemetry, model: str, calls: int) -> None:
 
 
 def _step_numbers(otel: OTelHarness) -> list[int]:
-    spans = sorted((s for s in otel.finished_spans() if s.name == "rollout.step"),
-                   key=lambda s: s.start_time)
+    spans = sorted(
+        (s for s in otel.finished_spans() if s.name == "rollout.step"), key=lambda s: s.start_time
+    )
     return [s.attributes["rollout.step"] for s in spans]
 
 
-def test_set_step_numbers_the_next_batch_steps(otel: OTelHarness, make_telemetry: Callable[..., Telemetry],
-                                               model: str) -> None:
+def test_set_step_numbers_the_next_batch_steps(
+    otel: OTelHarness, make_telemetry: Callable[..., Telemetry], model: str
+) -> None:
     telemetry = make_telemetry(RolloutConfig(batch_as_step=True))
-    set_step(1200)                      # e.g. the trainer resumed at global step 1200
+    set_step(1200)  # e.g. the trainer resumed at global step 1200
     _batch_calls(telemetry, model, 2)
     set_step(1500)
     _batch_calls(telemetry, model, 1)
@@ -75,8 +83,9 @@ def test_set_step_numbers_the_next_batch_steps(otel: OTelHarness, make_telemetry
     assert sorted(s.attributes["rollout.step"] for s in requests) == [1200, 1201, 1500]
 
 
-def test_propagated_step_baggage_wins(otel: OTelHarness, make_telemetry: Callable[..., Telemetry],
-                                      model: str) -> None:
+def test_propagated_step_baggage_wins(
+    otel: OTelHarness, make_telemetry: Callable[..., Telemetry], model: str
+) -> None:
     telemetry = make_telemetry(RolloutConfig(batch_as_step=True))
     set_step(5)
     token = otel_context.attach(baggage.set_baggage("rollout.step", "77"))
@@ -84,12 +93,13 @@ def test_propagated_step_baggage_wins(otel: OTelHarness, make_telemetry: Callabl
         _batch_calls(telemetry, model, 1)
     finally:
         otel_context.detach(token)
-    _batch_calls(telemetry, model, 1)   # no baggage: counting goes on from the trainer's number
+    _batch_calls(telemetry, model, 1)  # no baggage: counting goes on from the trainer's number
     assert _step_numbers(otel) == [77, 78]
 
 
 def test_malformed_step_baggage_falls_back_to_counting(
-        otel: OTelHarness, make_telemetry: Callable[..., Telemetry], model: str) -> None:
+    otel: OTelHarness, make_telemetry: Callable[..., Telemetry], model: str
+) -> None:
     telemetry = make_telemetry(RolloutConfig(batch_as_step=True))
     set_step(9)
     token = otel_context.attach(baggage.set_baggage("rollout.step", "not-a-number"))
@@ -102,16 +112,24 @@ def test_malformed_step_baggage_falls_back_to_counting(
 
 # --- idle capacity has buckets of its own --------------------------------------------------------
 
+
 def test_idle_capacity_of_a_long_step_lands_in_a_finite_bucket(
-        otel: OTelHarness, make_telemetry: Callable[..., Telemetry], model: str) -> None:
+    otel: OTelHarness, make_telemetry: Callable[..., Telemetry], model: str
+) -> None:
     """64 requests, 63 done after 1 s and one after 1000 s: 63 × 999 ≈ 62,937 request-seconds
     unused — far past the latency buckets' top (7200 s), which made it an overflow count."""
     telemetry = make_telemetry()
     base = make_record(model)
-    records = [make_record(model, arrival_ns=base.arrival_ns, scheduled_ns=None,
-                           first_token_ns=None,
-                           finish_ns=base.arrival_ns + (1000 if k == 0 else 1) * 1_000_000_000)
-               for k in range(64)]
+    records = [
+        make_record(
+            model,
+            arrival_ns=base.arrival_ns,
+            scheduled_ns=None,
+            first_token_ns=None,
+            finish_ns=base.arrival_ns + (1000 if k == 0 else 1) * 1_000_000_000,
+        )
+        for k in range(64)
+    ]
     with StepScope(1, config=RolloutConfig(), telemetry=telemetry) as scope:
         for record in records:
             telemetry.emit(record)
@@ -130,22 +148,31 @@ def test_idle_capacity_of_a_long_step_lands_in_a_finite_bucket(
 
 # --- replica identity through runtime_env() ------------------------------------------------------
 
-@pytest.mark.parametrize(("driver", "workers"), [
-    ("service.instance.id=driver,deployment.environment=x", "deployment.environment=x"),
-    ("deployment.environment=x, service.instance.id = driver ,team=rl",
-     "deployment.environment=x,team=rl"),
-    ("service.instance.id=driver", ""),
-    ("deployment.environment=x", "deployment.environment=x"),
-])
+
+@pytest.mark.parametrize(
+    ("driver", "workers"),
+    [
+        ("service.instance.id=driver,deployment.environment=x", "deployment.environment=x"),
+        (
+            "deployment.environment=x, service.instance.id = driver ,team=rl",
+            "deployment.environment=x,team=rl",
+        ),
+        ("service.instance.id=driver", ""),
+        ("deployment.environment=x", "deployment.environment=x"),
+    ],
+)
 def test_runtime_env_strips_the_drivers_instance_id(driver: str, workers: str) -> None:
-    env: dict[str, Any] = runtime_env(environ={"OTEL_RESOURCE_ATTRIBUTES": driver,
-                                               "OTEL_SERVICE_NAME": "trainer"})
+    env: dict[str, Any] = runtime_env(
+        environ={"OTEL_RESOURCE_ATTRIBUTES": driver, "OTEL_SERVICE_NAME": "trainer"}
+    )
     assert env["env_vars"]["OTEL_RESOURCE_ATTRIBUTES"] == workers
     assert env["env_vars"]["OTEL_SERVICE_NAME"] == "trainer"
 
 
 def test_runtime_env_keeps_an_instance_id_the_user_sets_for_workers() -> None:
     """An explicit per-job value in env_vars= is the user's choice, not the driver's leak."""
-    env = runtime_env(environ={"OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=driver"},
-                      env_vars={"OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=pool-a"})
+    env = runtime_env(
+        environ={"OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=driver"},
+        env_vars={"OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=pool-a"},
+    )
     assert env["env_vars"]["OTEL_RESOURCE_ATTRIBUTES"] == "service.instance.id=pool-a"

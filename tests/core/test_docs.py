@@ -32,8 +32,11 @@ def _names_in(paths: list[Path]) -> set[str]:
 
 
 def _settings_rows() -> set[str]:
-    return {line.split("|")[1].strip().strip("`") for line in README.read_text().splitlines()
-            if line.startswith("| `OTEL_")}
+    return {
+        line.split("|")[1].strip().strip("`")
+        for line in README.read_text().splitlines()
+        if line.startswith("| `OTEL_")
+    }
 
 
 def test_every_setting_the_code_reads_is_in_the_readme_table() -> None:
@@ -46,10 +49,20 @@ def test_every_setting_the_code_reads_is_in_the_readme_table() -> None:
 def test_docs_mention_no_setting_the_code_does_not_read() -> None:
     docs = [README, *sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks" / "README.md"]
     known = _names_in(sorted((REPO / "otel_rollout").rglob("*.py")))
-    development = _names_in([p for d in ("scripts", "tests", "testkit") for p in (REPO / d).rglob("*")
-                             if p.is_file() and p.suffix in ("", ".py", ".sh")])
-    stale = {(doc.relative_to(REPO).as_posix(), name) for doc in docs
-             for name in _names_in([doc]) if name not in known | development}
+    development = _names_in(
+        [
+            p
+            for d in ("scripts", "tests", "testkit")
+            for p in (REPO / d).rglob("*")
+            if p.is_file() and p.suffix in ("", ".py", ".sh")
+        ]
+    )
+    stale = {
+        (doc.relative_to(REPO).as_posix(), name)
+        for doc in docs
+        for name in _names_in([doc])
+        if name not in known | development
+    }
     assert not stale, f"docs mention settings nothing reads: {sorted(stale)}"
 
 
@@ -58,8 +71,11 @@ def _emitted() -> set[str]:
     ours = {v for k, v in vars(semconv).items() if k.isupper() and isinstance(v, str)}
     source = "\n".join(p.read_text() for p in sorted((REPO / "otel_rollout").rglob("*.py")))
     used = set()
-    for module, alias in ((gen_ai_attributes, "GenAI"), (gen_ai_metrics, "gen_ai_metrics"),
-                          (error_attributes, "error_attributes")):
+    for module, alias in (
+        (gen_ai_attributes, "GenAI"),
+        (gen_ai_metrics, "gen_ai_metrics"),
+        (error_attributes, "error_attributes"),
+    ):
         for constant in re.findall(rf"\b{alias}\.([A-Z_]+)\b", source):
             used.add(getattr(module, constant))
     assert "gen_ai.server.request.duration" in used and "error.type" in used
@@ -99,9 +115,14 @@ def test_every_name_in_the_emit_tables_is_emitted() -> None:
 def test_every_emitted_name_is_in_the_emit_section() -> None:
     section = _emit_section()
     documented = _names_in_tables(section) | {t for t in re.findall(r"`([^`]+)`", section)}
-    undocumented = {n for n in _emitted() - _NOT_EMITTED
-                    if n not in documented and n != semconv.ROLLOUT_STEP_ATTRIBUTE_PREFIX}
-    assert not undocumented, f"emitted but missing from README's 'What it emits': {sorted(undocumented)}"
+    undocumented = {
+        n
+        for n in _emitted() - _NOT_EMITTED
+        if n not in documented and n != semconv.ROLLOUT_STEP_ATTRIBUTE_PREFIX
+    }
+    assert not undocumented, (
+        f"emitted but missing from README's 'What it emits': {sorted(undocumented)}"
+    )
 
 
 def test_the_check_catches_a_name_the_code_does_not_emit() -> None:

@@ -15,7 +15,7 @@ import pytest
 
 
 def _run(body: str) -> subprocess.CompletedProcess[str]:
-    code = textwrap.dedent('''
+    code = textwrap.dedent("""
         import logging, sys
         logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="LOG %(message)s")
         from otel_rollout.instrumentation import LibraryInstrumentor, Target
@@ -33,12 +33,12 @@ def _run(body: str) -> subprocess.CompletedProcess[str]:
             max_tested = (2, 0)
             def _targets(self):
                 return [Target("colorsys", "rgb_to_hsv", wrapper)]
-        ''') + textwrap.dedent(body)
+        """) + textwrap.dedent(body)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
 
 
 def test_applied_only_when_the_program_imports_the_module() -> None:
-    out = _run('''
+    out = _run("""
         layer.module_version = lambda name: "1.5"
         Colors().instrument()
         assert "colorsys" not in sys.modules          # instrumenting imported nothing
@@ -48,28 +48,31 @@ def test_applied_only_when_the_program_imports_the_module() -> None:
         Colors().uninstrument()
         colorsys.rgb_to_hsv(0.1, 0.2, 0.3)
         print("after", len(calls), hasattr(colorsys.rgb_to_hsv, "__wrapped__"))
-    ''')
+    """)
     assert out.returncode == 0, out.stderr
     assert "calls 1" in out.stdout and "after 1 False" in out.stdout
 
 
 def test_uninstrument_before_import_retires_the_hook() -> None:
-    out = _run('''
+    out = _run("""
         layer.module_version = lambda name: "1.5"
         Colors().instrument(); Colors().uninstrument()
         import colorsys
         colorsys.rgb_to_hsv(0.1, 0.2, 0.3)
         print("calls", len(calls))
-    ''')
+    """)
     assert out.returncode == 0, out.stderr
     assert "calls 0" in out.stdout
 
 
-@pytest.mark.parametrize("version, patched, message", [
-    ("0.9", False, "older than the supported 1"),
-    ("3.1", True, "newer than the newest tested (2.0)"),
-    ("2.0.7", True, None),
-])
+@pytest.mark.parametrize(
+    "version, patched, message",
+    [
+        ("0.9", False, "older than the supported 1"),
+        ("3.1", True, "newer than the newest tested (2.0)"),
+        ("2.0.7", True, None),
+    ],
+)
 def test_version_gates(version: str, patched: bool, message: str | None) -> None:
     out = _run(f'''
         layer.module_version = lambda name: "{version}"

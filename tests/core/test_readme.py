@@ -11,8 +11,11 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def test_readme_documents_every_setting() -> None:
     text = README.read_text()
-    rows = {line.split("|")[1].strip().strip("`") for line in text.splitlines()
-            if line.startswith("| `OTEL_")}
+    rows = {
+        line.split("|")[1].strip().strip("`")
+        for line in text.splitlines()
+        if line.startswith("| `OTEL_")
+    }
     assert {s.env for s in SETTINGS} | {CAPTURE_CONTENT_ENV} <= rows
 
 

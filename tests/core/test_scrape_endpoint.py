@@ -68,8 +68,14 @@ def _free_range(width: int) -> int:
 @contextmanager
 def _child(code: str, env: dict[str, str], *args: str) -> Iterator[subprocess.Popen[str]]:
     full = {**os.environ, **env, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], env=full, text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env=full,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         yield proc
     finally:
@@ -145,9 +151,13 @@ def test_setup_worker_accepts_the_rollout_prometheus_exporter() -> None:
     """What a Ray worker's set-up hook does, in a plain process: the distro's configurator picks
     our exporter from OTEL_METRICS_EXPORTER through its entry point, and /metrics answers."""
     port = _free_range(PORT_RANGE)
-    env = {"OTEL_METRICS_EXPORTER": "rollout_prometheus", "OTEL_TRACES_EXPORTER": "none",
-           "OTEL_LOGS_EXPORTER": "none", "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
-           "OTEL_EXPORTER_PROMETHEUS_PORT": str(port)}
+    env = {
+        "OTEL_METRICS_EXPORTER": "rollout_prometheus",
+        "OTEL_TRACES_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
+        "OTEL_EXPORTER_PROMETHEUS_PORT": str(port),
+    }
     with _child(WORKER_CHILD, env) as proc:
         assert _first_line(proc) == "ready"
         body = _scrape("127.0.0.1", port)

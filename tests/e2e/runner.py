@@ -14,26 +14,40 @@ REPO = Path(__file__).resolve().parents[2]
 
 def instrument_command(*args: str) -> list[str]:
     bindir = Path(sys.executable).parent
-    return [str(bindir / "opentelemetry-instrument"), sys.executable, "-m", "tests.e2e.workload",
-            *args]
+    return [
+        str(bindir / "opentelemetry-instrument"),
+        sys.executable,
+        "-m",
+        "tests.e2e.workload",
+        *args,
+    ]
 
 
 def workload_env(**overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update({
-        "PYTHONPATH": str(REPO),
-        "OTEL_SERVICE_NAME": "rollout-e2e",
-        "OTEL_LOGS_EXPORTER": "none",
-        "OTEL_METRIC_EXPORT_INTERVAL": "500",
-        "OTEL_BSP_SCHEDULE_DELAY": "200",
-    })
+    env.update(
+        {
+            "PYTHONPATH": str(REPO),
+            "OTEL_SERVICE_NAME": "rollout-e2e",
+            "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_METRIC_EXPORT_INTERVAL": "500",
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+        }
+    )
     env.update(overrides)
     return env
 
 
 def run_workload(model: str, env: dict[str, str], *args: str, timeout: float = 240) -> list[Any]:
     """Run to completion; returns the per-request truth lines the workload printed."""
-    proc = subprocess.run(instrument_command("--model", model, *args), env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        instrument_command("--model", model, *args),
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

@@ -39,39 +39,62 @@ NATIVE = "gen_ai_server_request_duration_seconds"
 
 
 class Run:
-    def __init__(self, native: Prometheus, classic: Prometheus, truth: list[Any],
-                 receiver: OTLPReceiver) -> None:
+    def __init__(
+        self, native: Prometheus, classic: Prometheus, truth: list[Any], receiver: OTLPReceiver
+    ) -> None:
         self.prom = {"native": native, "classic": classic}
         self.truth = truth
         self.receiver = receiver
 
     def request_spans(self) -> list[Any]:
-        return [s for s in self.receiver.spans() if attr(s.attributes, "gen_ai.usage.output_tokens")]
+        return [
+            s for s in self.receiver.spans() if attr(s.attributes, "gen_ai.usage.output_tokens")
+        ]
 
     def durations(self) -> list[float]:
-        return sorted((s.end_time_unix_nano - s.start_time_unix_nano) / 1e9
-                      for s in self.request_spans())
+        return sorted(
+            (s.end_time_unix_nano - s.start_time_unix_nano) / 1e9 for s in self.request_spans()
+        )
 
 
 @pytest.fixture(scope="module")
-def scraped_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: str,
-                vllm_module: Any) -> Iterator[Run]:
+def scraped_run(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: str, vllm_module: Any
+) -> Iterator[Run]:
     metrics_port = free_port()
     rules = [str(REPO / "prometheus" / "rules.yml")]
-    native = Prometheus(tmp_path_factory.mktemp("prom-native"), metrics_port, native=True,
-                        rule_files=rules)
-    classic = Prometheus(tmp_path_factory.mktemp("prom-classic"), metrics_port, native=False,
-                         rule_files=rules)
+    native = Prometheus(
+        tmp_path_factory.mktemp("prom-native"), metrics_port, native=True, rule_files=rules
+    )
+    classic = Prometheus(
+        tmp_path_factory.mktemp("prom-classic"), metrics_port, native=False, rule_files=rules
+    )
     receiver = OTLPReceiver().start()
-    env = workload_env(OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="rollout_prometheus",
-                       OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint,
-                       OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
-                       OTEL_EXPORTER_PROMETHEUS_PORT=str(metrics_port))
-    proc = subprocess.Popen(instrument_command("--model", tiny_model, "--steps", str(STEPS),
-                                               "--batch", str(BATCH), "--linger",
-                                               "--engine-stats"),
-                            env=env, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+    env = workload_env(
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_METRICS_EXPORTER="rollout_prometheus",
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint,
+        OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
+        OTEL_EXPORTER_PROMETHEUS_PORT=str(metrics_port),
+    )
+    proc = subprocess.Popen(
+        instrument_command(
+            "--model",
+            tiny_model,
+            "--steps",
+            str(STEPS),
+            "--batch",
+            str(BATCH),
+            "--linger",
+            "--engine-stats",
+        ),
+        env=env,
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     truth: list[Any] = []
     try:
         assert proc.stdout is not None
@@ -81,8 +104,12 @@ def scraped_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: str,
             if line.strip() == "DONE":
                 break
         assert proc.poll() is None, "workload exited before lingering"
-        receiver.wait_for(lambda r: sum(1 for s in r.spans()
-                                        if attr(s.attributes, "gen_ai.usage.output_tokens")) == len(truth))
+        receiver.wait_for(
+            lambda r: (
+                sum(1 for s in r.spans() if attr(s.attributes, "gen_ai.usage.output_tokens"))
+                == len(truth)
+            )
+        )
         native.wait_for(f"histogram_count(sum({NATIVE})) == {len(truth)}")
         classic.wait_for(f'sum({NATIVE}_bucket{{le="+Inf"}}) == {len(truth)}')
         # Let rules evaluate and rate windows fill: several scrapes after the last request.
@@ -139,10 +166,13 @@ def test_native_quantiles_within_ten_percent_of_the_request_spans(scraped_run: R
         true = durations[math.ceil(q * len(durations)) - 1]
         native = scraped_run.prom["native"].scalar(f"histogram_quantile({q}, sum({NATIVE}))")
         classic = scraped_run.prom["classic"].scalar(
-            f"histogram_quantile({q}, sum by (le) ({NATIVE}_bucket))")
-        report.append(f"p{round(q * 100)}: spans {true:.4f}s native {native:.4f}s "
-                      f"({(native - true) / true:+.1%}) classic {classic:.4f}s "
-                      f"({(classic - true) / true:+.1%})")
+            f"histogram_quantile({q}, sum by (le) ({NATIVE}_bucket))"
+        )
+        report.append(
+            f"p{round(q * 100)}: spans {true:.4f}s native {native:.4f}s "
+            f"({(native - true) / true:+.1%}) classic {classic:.4f}s "
+            f"({(classic - true) / true:+.1%})"
+        )
         assert abs(native - true) / true <= 0.10, report
     print("\n".join(report))
 
@@ -151,7 +181,8 @@ def test_classic_p99_within_one_bucket(scraped_run: Run) -> None:
     durations = scraped_run.durations()
     true_p99 = durations[math.ceil(0.99 * len(durations)) - 1]
     estimate = scraped_run.prom["classic"].scalar(
-        f"histogram_quantile(0.99, sum by (le) ({NATIVE}_bucket))")
+        f"histogram_quantile(0.99, sum by (le) ({NATIVE}_bucket))"
+    )
     bounds = [0.0, *DEFAULT_LATENCY_BUCKETS]
     index = next(i for i, b in enumerate(bounds) if true_p99 <= b)
     low, high = bounds[max(0, index - 2)], bounds[min(len(bounds) - 1, index + 1)]

@@ -25,18 +25,34 @@ def _env() -> dict[str, str]:
 
 
 def test_a_process_without_engines_loads_none(vllm_module: Any) -> None:
-    code = ("import sys; print(sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'vllm', 'sglang', 'torch', 'ray', 'transformers'}))")
-    out = subprocess.run([str(BIN / "opentelemetry-instrument"), sys.executable, "-c", code],
-                         env=_env(), capture_output=True, text=True, timeout=120, check=True)
+    code = (
+        "import sys; print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'vllm', 'sglang', 'torch', 'ray', 'transformers'}))"
+    )
+    out = subprocess.run(
+        [str(BIN / "opentelemetry-instrument"), sys.executable, "-c", code],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]
 
 
 def test_ray_init_starts_every_time_under_opentelemetry_instrument(vllm_module: Any) -> None:
-    code = ("import ray; ray.init(num_cpus=1, include_dashboard=False); "
-            "print(ray.get(ray.remote(lambda: 'ok').remote(), timeout=120)); ray.shutdown()")
+    code = (
+        "import ray; ray.init(num_cpus=1, include_dashboard=False); "
+        "print(ray.get(ray.remote(lambda: 'ok').remote(), timeout=120)); ray.shutdown()"
+    )
     for attempt in range(3):
-        out = subprocess.run([str(BIN / "opentelemetry-instrument"), sys.executable, "-c", code],
-                             env=_env(), capture_output=True, text=True, timeout=240)
+        out = subprocess.run(
+            [str(BIN / "opentelemetry-instrument"), sys.executable, "-c", code],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert out.returncode == 0 and out.stdout.strip().endswith("ok"), (
-            f"attempt {attempt}: {out.stderr[-3000:]}")
+            f"attempt {attempt}: {out.stderr[-3000:]}"
+        )

@@ -6,18 +6,23 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.runner import run_workload, workload_env
 from testkit.otlp_receiver import OTLPReceiver, attr
+from tests.e2e.runner import run_workload, workload_env
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_opentelemetry_instrument_exports_request_spans_and_exemplars(
-        otlp_receiver: OTLPReceiver, tiny_model: str, vllm_module: Any, protocol: str) -> None:
+    otlp_receiver: OTLPReceiver, tiny_model: str, vllm_module: Any, protocol: str
+) -> None:
     endpoint = otlp_receiver.grpc_endpoint if protocol == "grpc" else otlp_receiver.http_endpoint
-    env = workload_env(OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="otlp",
-                       OTEL_EXPORTER_OTLP_PROTOCOL=protocol, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint)
+    env = workload_env(
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_METRICS_EXPORTER="otlp",
+        OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+    )
     truth = run_workload(tiny_model, env, "--steps", "2", "--batch", "8")
     assert len(truth) == 16
 
@@ -44,15 +49,24 @@ def test_opentelemetry_instrument_exports_request_spans_and_exemplars(
     assert exemplars and all((e.trace_id, e.span_id) in request_ids for e in exemplars)
 
 
-def test_disabled_instrumentations_leaves_vllm_alone(otlp_receiver: OTLPReceiver, tiny_model: str,
-                                                     vllm_module: Any) -> None:
-    env = workload_env(OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="none",
-                       OTEL_EXPORTER_OTLP_ENDPOINT=otlp_receiver.grpc_endpoint,
-                       OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="vllm")
+def test_disabled_instrumentations_leaves_vllm_alone(
+    otlp_receiver: OTLPReceiver, tiny_model: str, vllm_module: Any
+) -> None:
+    env = workload_env(
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_EXPORTER_OTLP_ENDPOINT=otlp_receiver.grpc_endpoint,
+        OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="vllm",
+    )
     truth = run_workload(tiny_model, env, "--steps", "1", "--batch", "4")
     assert len(truth) == 4
     # vLLM's own start-up spans ("Worker init", ...) may arrive too; none of ours but the step.
-    spans = [s for s in otlp_receiver.spans() if s.name.startswith("rollout.")
-             or attr(s.attributes, "gen_ai.provider.name") is not None]
-    assert [s.name for s in spans] == ["rollout.step"]  # the step API still works; vLLM is untouched
+    spans = [
+        s
+        for s in otlp_receiver.spans()
+        if s.name.startswith("rollout.") or attr(s.attributes, "gen_ai.provider.name") is not None
+    ]
+    assert [s.name for s in spans] == [
+        "rollout.step"
+    ]  # the step API still works; vLLM is untouched
     assert attr(spans[0].attributes, "rollout.step.requests") == 0

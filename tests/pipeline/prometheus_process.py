@@ -33,25 +33,47 @@ def free_port() -> int:
 
 
 class Prometheus:
-    def __init__(self, tmp: Path, target_port: int, *, native: bool = False,
-                 rule_files: list[str] | None = None, job: str = "rollout-e2e") -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        target_port: int,
+        *,
+        native: bool = False,
+        rule_files: list[str] | None = None,
+        job: str = "rollout-e2e",
+    ) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
             pytest.fail(f"prometheus not found on PATH: {HINT}", pytrace=False)
         self.port = free_port()
         config = tmp / "prometheus.yml"
-        config.write_text(json.dumps({
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": rule_files or [],
-            "scrape_configs": [{"job_name": job,
-                                "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]}],
-        }))
+        config.write_text(
+            json.dumps(
+                {
+                    "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                    "rule_files": rule_files or [],
+                    "scrape_configs": [
+                        {
+                            "job_name": job,
+                            "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}],
+                        }
+                    ],
+                }
+            )
+        )
         features = "exemplar-storage,native-histograms" if native else "exemplar-storage"
         self.log = tmp / "prometheus.log"
         self.proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", f"--enable-feature={features}"],
-            stdout=subprocess.DEVNULL, stderr=self.log.open("w"))
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                f"--enable-feature={features}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("w"),
+        )
         self._wait_ready()
 
     def _wait_ready(self, timeout: float = 30) -> None:

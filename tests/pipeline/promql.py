@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
@@ -38,7 +39,9 @@ TRACEQL_VARIABLE_VALUES = {"min_duration": "30s"}
 _PLACEHOLDER = re.compile(r"\$\$?(?:\{(?P<braced>\w+)(?::\w+)?\}|(?P<bare>\w+))")
 
 
-def _substitute(expr: str, variables: set[str], source: str, overrides: dict[str, str] | None = None) -> str:
+def _substitute(
+    expr: str, variables: set[str], source: str, overrides: dict[str, str] | None = None
+) -> str:
     def repl(m: re.Match[str]) -> str:
         name = m.group("braced") or m.group("bare")
         if overrides and name in overrides:
@@ -147,7 +150,9 @@ def all_traceql_queries(repo_root: str | Path) -> list[tuple[str, str]]:
             for t in p.get("targets") or []:
                 if _ds_type(t, _ds_type(p)) == "tempo" and t.get("query"):
                     src = f"{rel}: panel {p.get('title')!r} refId {t.get('refId')}"
-                    out.append((src, _substitute(t["query"], variables, src, TRACEQL_VARIABLE_VALUES)))
+                    out.append(
+                        (src, _substitute(t["query"], variables, src, TRACEQL_VARIABLE_VALUES))
+                    )
     return out
 
 

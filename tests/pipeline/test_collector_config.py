@@ -15,8 +15,13 @@ import pytest
 import yaml
 
 KINDS = ("receivers", "processors", "exporters", "connectors", "extensions")
-SUFFIX = {"receivers": "receiver", "processors": "processor", "exporters": "exporter",
-          "connectors": "connector", "extensions": "extension"}
+SUFFIX = {
+    "receivers": "receiver",
+    "processors": "processor",
+    "exporters": "exporter",
+    "connectors": "connector",
+    "extensions": "extension",
+}
 # Config type names that are not simply the module name minus its kind suffix.
 IRREGULAR = {
     "memorylimiterprocessor": "memory_limiter",
@@ -26,7 +31,11 @@ IRREGULAR = {
     "filestorage": "file_storage",
     "dbstorage": "db_storage",
 }
-CONFIGS = ["collector/otelcol.yaml", "collector/multinode/agent.yaml", "collector/multinode/gateway.yaml"]
+CONFIGS = [
+    "collector/otelcol.yaml",
+    "collector/multinode/agent.yaml",
+    "collector/multinode/gateway.yaml",
+]
 ENV_REF = re.compile(r"^\$\{env:(?P<name>\w+)(?::-(?P<default>[^}]*))?\}$")
 
 
@@ -81,12 +90,15 @@ def _seconds(duration: str) -> float:
 
 
 @pytest.mark.parametrize("rel", CONFIGS)
-def test_components_exist_in_pinned_contrib(repo_root: Path, contrib_components: dict[str, set[str]], rel: str) -> None:
+def test_components_exist_in_pinned_contrib(
+    repo_root: Path, contrib_components: dict[str, set[str]], rel: str
+) -> None:
     cfg = _load(repo_root, rel)
     for kind in KINDS:
-        for cid in (cfg.get(kind) or {}):
+        for cid in cfg.get(kind) or {}:
             assert _type(cid) in contrib_components[kind], (
-                f"{rel}: {kind[:-1]} {cid!r} is not in otelcol-contrib's component list")
+                f"{rel}: {kind[:-1]} {cid!r} is not in otelcol-contrib's component list"
+            )
 
 
 @pytest.mark.parametrize("rel", CONFIGS)
@@ -100,24 +112,34 @@ def test_pipelines_reference_defined_components_and_all_are_used(repo_root: Path
     pipelines = service["pipelines"]
     assert pipelines, f"{rel}: no pipelines"
     for name, p in pipelines.items():
-        assert _type(name) in ("traces", "metrics", "logs"), f"{rel}: pipeline {name!r} has no signal type"
-        assert p.get("receivers") and p.get("exporters"), f"{rel}: pipeline {name} lacks receivers or exporters"
+        assert _type(name) in ("traces", "metrics", "logs"), (
+            f"{rel}: pipeline {name!r} has no signal type"
+        )
+        assert p.get("receivers") and p.get("exporters"), (
+            f"{rel}: pipeline {name} lacks receivers or exporters"
+        )
         for r in p["receivers"]:
             if r in defined["connectors"]:
                 connectors_as_receiver.add(r)
                 used["connectors"].add(r)
             else:
-                assert r in defined["receivers"], f"{rel}: pipeline {name} uses undefined receiver {r!r}"
+                assert r in defined["receivers"], (
+                    f"{rel}: pipeline {name} uses undefined receiver {r!r}"
+                )
                 used["receivers"].add(r)
         for proc in p.get("processors") or []:
-            assert proc in defined["processors"], f"{rel}: pipeline {name} uses undefined processor {proc!r}"
+            assert proc in defined["processors"], (
+                f"{rel}: pipeline {name} uses undefined processor {proc!r}"
+            )
             used["processors"].add(proc)
         for e in p["exporters"]:
             if e in defined["connectors"]:
                 connectors_as_exporter.add(e)
                 used["connectors"].add(e)
             else:
-                assert e in defined["exporters"], f"{rel}: pipeline {name} uses undefined exporter {e!r}"
+                assert e in defined["exporters"], (
+                    f"{rel}: pipeline {name} uses undefined exporter {e!r}"
+                )
                 used["exporters"].add(e)
     for ext in service.get("extensions") or []:
         assert ext in defined["extensions"], f"{rel}: service uses undefined extension {ext!r}"
@@ -126,7 +148,8 @@ def test_pipelines_reference_defined_components_and_all_are_used(repo_root: Path
         unused = defined[kind] - used[kind]
         assert not unused, f"{rel}: {kind} defined but never used: {sorted(unused)}"
     assert connectors_as_exporter == connectors_as_receiver == defined["connectors"], (
-        f"{rel}: every connector must be an exporter of one pipeline and a receiver of another")
+        f"{rel}: every connector must be an exporter of one pipeline and a receiver of another"
+    )
 
 
 @pytest.mark.parametrize("rel", CONFIGS)
@@ -135,11 +158,17 @@ def test_memory_limiter_first_and_batch_everywhere(repo_root: Path, rel: str) ->
     connectors = set(cfg.get("connectors") or {})
     for name, p in cfg["service"]["pipelines"].items():
         procs = p.get("processors") or []
-        assert procs and _type(procs[0]) == "memory_limiter", f"{rel}: pipeline {name} must start with memory_limiter"
+        assert procs and _type(procs[0]) == "memory_limiter", (
+            f"{rel}: pipeline {name} must start with memory_limiter"
+        )
         if any(e not in connectors for e in p["exporters"]):
-            assert any(_type(x) == "batch" for x in procs), f"{rel}: pipeline {name} exports without batch"
+            assert any(_type(x) == "batch" for x in procs), (
+                f"{rel}: pipeline {name} exports without batch"
+            )
             if "tail_sampling" in procs:
-                assert procs.index("tail_sampling") < procs.index("batch"), f"{rel}: batch after sampling"
+                assert procs.index("tail_sampling") < procs.index("batch"), (
+                    f"{rel}: batch after sampling"
+                )
 
 
 @pytest.mark.parametrize("rel", CONFIGS)
@@ -151,7 +180,9 @@ def test_otlp_receiver_grpc_and_http(repo_root: Path) -> None:
     for rel in ("collector/otelcol.yaml", "collector/multinode/agent.yaml"):
         protocols = _load(repo_root, rel)["receivers"]["otlp"]["protocols"]
         assert {"grpc", "http"} <= set(protocols), rel
-        assert protocols["grpc"]["endpoint"].endswith(":4317") and protocols["http"]["endpoint"].endswith(":4318")
+        assert protocols["grpc"]["endpoint"].endswith(":4317") and protocols["http"][
+            "endpoint"
+        ].endswith(":4318")
 
 
 def _tail_sampling(repo: Path, rel: str) -> dict:
@@ -175,25 +206,38 @@ def test_tail_sampling_policies(repo_root: Path) -> None:
 
     cond = policies["ottl_condition"]["ottl_condition"]["span"]
     assert len(cond) == 1
-    m = re.fullmatch(r'IsMatch\(attributes\["gen_ai\.response\.finish_reasons"\], "(?P<lit>(?:[^"\\]|\\.)*)"\)', cond[0])
+    m = re.fullmatch(
+        r'IsMatch\(attributes\["gen_ai\.response\.finish_reasons"\], "(?P<lit>(?:[^"\\]|\\.)*)"\)',
+        cond[0],
+    )
     assert m, f"unexpected truncation condition {cond[0]!r}"
     # OTTL string literal -> regex; the collector turns "$$" into "$" before OTTL sees it.
     pattern = re.compile(m.group("lit").replace('\\"', '"').replace("$$", "$"))
     # IsMatch JSON-encodes a string-array attribute (pcommon.Slice), and sees a plain string as is.
-    for value, kept in ((["length"], True), (["stop", "length"], True), (["stop"], False),
-                        (["lengthy"], False), ("length", True), ("stop", False)):
+    for value, kept in (
+        (["length"], True),
+        (["stop", "length"], True),
+        (["stop"], False),
+        (["lengthy"], False),
+        ("length", True),
+        ("stop", False),
+    ):
         text = json.dumps(value, separators=(",", ":")) if isinstance(value, list) else value
         assert bool(pattern.search(text)) is kept, (value, pattern.pattern)
 
 
 def test_gateway_samples_exactly_like_single_node(repo_root: Path) -> None:
     assert _tail_sampling(repo_root, "collector/otelcol.yaml") == _tail_sampling(
-        repo_root, "collector/multinode/gateway.yaml")
+        repo_root, "collector/multinode/gateway.yaml"
+    )
 
 
 def test_header_explains_decision_wait(repo_root: Path) -> None:
-    header = "".join(line for line in (repo_root / "collector/otelcol.yaml").read_text().splitlines(True)
-                     if line.startswith("#"))
+    header = "".join(
+        line
+        for line in (repo_root / "collector/otelcol.yaml").read_text().splitlines(True)
+        if line.startswith("#")
+    )
     assert "decision_wait" in header and "memory" in header and "minutes" in header
 
 
@@ -208,7 +252,9 @@ def test_spanmetrics_before_sampling_with_exemplars(repo_root: Path) -> None:
         assert sm["exemplars"]["enabled"] is True
         for name in _pipelines_with(cfg, "spanmetrics", "exporters"):
             p = cfg["service"]["pipelines"][name]
-            assert "tail_sampling" not in (p.get("processors") or []), f"{rel}: span metrics after sampling"
+            assert "tail_sampling" not in (p.get("processors") or []), (
+                f"{rel}: span metrics after sampling"
+            )
             assert p["receivers"] == ["otlp"], f"{rel}: span metrics must see every span received"
 
 
@@ -227,7 +273,9 @@ def test_traces_to_tempo(repo_root: Path) -> None:
         exp = cfg["exporters"]["otlp/tempo"]
         assert "tempo:4317" in _env_default(exp["endpoint"])
         names = _pipelines_with(cfg, "otlp/tempo", "exporters")
-        assert names and all("tail_sampling" in cfg["service"]["pipelines"][n]["processors"] for n in names)
+        assert names and all(
+            "tail_sampling" in cfg["service"]["pipelines"][n]["processors"] for n in names
+        )
 
 
 def test_agent_routes_by_trace_id_and_does_not_sample(repo_root: Path) -> None:
@@ -250,9 +298,13 @@ def test_exponential_histograms_remote_written_as_native_histograms(repo_root: P
         pipelines = cfg["service"]["pipelines"]
         processors = cfg["processors"]
 
-        def conditions(pipeline: dict) -> list[str]:
-            return [c for p in pipeline["processors"] if _type(p) == "filter"
-                    for c in processors[p]["metrics"]["metric"]]
+        def conditions(pipeline: dict, processors: dict = processors) -> list[str]:
+            return [
+                c
+                for p in pipeline["processors"]
+                if _type(p) == "filter"
+                for c in processors[p]["metrics"]["metric"]
+            ]
 
         (scrape,) = _pipelines_with(cfg, "prometheus", "exporters")
         assert conditions(pipelines[scrape]) == ["type == METRIC_DATA_TYPE_EXPONENTIAL_HISTOGRAM"]

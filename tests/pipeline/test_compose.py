@@ -40,16 +40,22 @@ def test_services_present(compose: dict) -> None:
 def test_images_pinned_in_env_file(compose: dict, pins: dict[str, str]) -> None:
     for name, svc in compose["services"].items():
         m = IMAGE.match(svc["image"])
-        assert m, f"{name}: image {svc['image']!r} must be <repo>:${{VAR:?...}} with VAR pinned in .env"
+        assert m, (
+            f"{name}: image {svc['image']!r} must be <repo>:${{VAR:?...}} with VAR pinned in .env"
+        )
         var = m.group("var")
         assert var in pins, f"{name}: {var} is not pinned in .env"
-        assert re.fullmatch(r"v?\d+\.\d+\.\d+", pins[var]), f"{var}={pins[var]!r} is not an exact version"
+        assert re.fullmatch(r"v?\d+\.\d+\.\d+", pins[var]), (
+            f"{var}={pins[var]!r} is not an exact version"
+        )
         if name in EXPECTED_IMAGES:
             assert m.group("repo") == EXPECTED_IMAGES[name]
 
 
 def test_env_file_holds_only_version_pins(pins: dict[str, str]) -> None:
-    assert pins and all(k.endswith("_VERSION") for k in pins), f".env must hold version pins only: {sorted(pins)}"
+    assert pins and all(k.endswith("_VERSION") for k in pins), (
+        f".env must hold version pins only: {sorted(pins)}"
+    )
 
 
 def test_collector_component_list_matches_pin(repo_root: Path, pins: dict[str, str]) -> None:
@@ -61,7 +67,9 @@ def test_ports_bound_to_loopback(compose: dict) -> None:
     published = 0
     for name, svc in compose["services"].items():
         for port in svc.get("ports") or []:
-            assert isinstance(port, str) and port.startswith("127.0.0.1:"), f"{name}: port {port!r} not on 127.0.0.1"
+            assert isinstance(port, str) and port.startswith("127.0.0.1:"), (
+                f"{name}: port {port!r} not on 127.0.0.1"
+            )
             published += 1
     assert published >= 5
     assert "127.0.0.1:4317:4317" in compose["services"]["otel-collector"]["ports"]
@@ -70,8 +78,12 @@ def test_ports_bound_to_loopback(compose: dict) -> None:
 
 def test_no_default_admin_password(compose: dict, repo_root: Path) -> None:
     env = compose["services"]["grafana"]["environment"]
-    assert re.fullmatch(r"\$\{GF_SECURITY_ADMIN_PASSWORD:\?[^}]+\}", env["GF_SECURITY_ADMIN_PASSWORD"])
-    assert "PASSWORD" not in (repo_root / ".env").read_text().replace("GF_SECURITY_ADMIN_PASSWORD in your shell", "")
+    assert re.fullmatch(
+        r"\$\{GF_SECURITY_ADMIN_PASSWORD:\?[^}]+\}", env["GF_SECURITY_ADMIN_PASSWORD"]
+    )
+    assert "PASSWORD" not in (repo_root / ".env").read_text().replace(
+        "GF_SECURITY_ADMIN_PASSWORD in your shell", ""
+    )
     assert str(env.get("GF_AUTH_ANONYMOUS_ENABLED", "false")).lower() == "false"
 
 
@@ -81,15 +93,22 @@ def test_bind_mounts_exist(compose: dict, repo_root: Path) -> None:
         for vol in svc.get("volumes") or []:
             source = vol.split(":", 1)[0]
             if source.startswith("."):
-                assert (repo_root / source).exists(), f"{name}: mounted path {source} does not exist"
+                assert (repo_root / source).exists(), (
+                    f"{name}: mounted path {source} does not exist"
+                )
             else:
-                assert source in named, f"{name}: volume {source!r} is neither a path nor a declared volume"
+                assert source in named, (
+                    f"{name}: volume {source!r} is neither a path nor a declared volume"
+                )
 
 
 def test_provisioning_mounted_as_is(compose: dict) -> None:
     vols = compose["services"]["grafana"]["volumes"]
     assert "./grafana/provisioning:/etc/grafana/provisioning:ro" in vols
-    assert "./collector/otelcol.yaml:/etc/otelcol-contrib/config.yaml:ro" in compose["services"]["otel-collector"]["volumes"]
+    assert (
+        "./collector/otelcol.yaml:/etc/otelcol-contrib/config.yaml:ro"
+        in compose["services"]["otel-collector"]["volumes"]
+    )
     prom = compose["services"]["prometheus"]
     assert "./prometheus/rules.yml:/etc/prometheus/rules.yml:ro" in prom["volumes"]
     assert "--enable-feature=exemplar-storage" in prom["command"]
@@ -104,10 +123,16 @@ def test_slow_request_threshold_reaches_collector(compose: dict) -> None:
 
 
 CONFIG_FILES = [
-    "compose.yaml", ".env",
-    "collector/otelcol.yaml", "collector/multinode/agent.yaml", "collector/multinode/gateway.yaml",
-    "prometheus/prometheus.yml", "prometheus/rules.yml", "tempo/tempo.yaml",
-    "grafana/provisioning/datasources/datasources.yaml", "grafana/provisioning/dashboards/dashboards.yaml",
+    "compose.yaml",
+    ".env",
+    "collector/otelcol.yaml",
+    "collector/multinode/agent.yaml",
+    "collector/multinode/gateway.yaml",
+    "prometheus/prometheus.yml",
+    "prometheus/rules.yml",
+    "tempo/tempo.yaml",
+    "grafana/provisioning/datasources/datasources.yaml",
+    "grafana/provisioning/dashboards/dashboards.yaml",
     "tests/pipeline/rules_test.yml",
 ]
 
@@ -119,16 +144,26 @@ def test_config_file_opens_with_header_comment(repo_root: Path, rel: str) -> Non
 
 
 def test_every_config_file_is_listed(repo_root: Path) -> None:
-    found = {p.relative_to(repo_root).as_posix() for d in ("collector", "grafana/provisioning")
-             for p in (repo_root / d).rglob("*.y*ml")}
-    assert found <= set(CONFIG_FILES), f"add new config files to CONFIG_FILES: {sorted(found - set(CONFIG_FILES))}"
+    found = {
+        p.relative_to(repo_root).as_posix()
+        for d in ("collector", "grafana/provisioning")
+        for p in (repo_root / d).rglob("*.y*ml")
+    }
+    assert found <= set(CONFIG_FILES), (
+        f"add new config files to CONFIG_FILES: {sorted(found - set(CONFIG_FILES))}"
+    )
 
 
 def test_tempo_config(repo_root: Path) -> None:
     cfg = yaml.safe_load((repo_root / "tempo/tempo.yaml").read_text())
     assert cfg["storage"]["trace"]["backend"] == "local"
-    assert cfg["distributor"]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].endswith(":4317")
+    assert cfg["distributor"]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].endswith(
+        ":4317"
+    )
     assert cfg["server"]["http_listen_port"] == 3200
     procs = cfg["overrides"]["defaults"]["metrics_generator"]["processors"]
     assert "span-metrics" not in procs, "span metrics after sampling would be biased"
-    assert cfg["metrics_generator"]["storage"]["remote_write"][0]["url"] == "http://prometheus:9090/api/v1/write"
+    assert (
+        cfg["metrics_generator"]["storage"]["remote_write"][0]["url"]
+        == "http://prometheus:9090/api/v1/write"
+    )

@@ -29,29 +29,39 @@ def _load_builder(repo: Path) -> ModuleType:
     try:
         spec.loader.exec_module(module)
     except ImportError as exc:
-        pytest.fail(f"{exc}: install the pinned SDK: pip install 'grafana-foundation-sdk==1769699379!11.6.0'",
-                    pytrace=False)
+        pytest.fail(
+            f"{exc}: install the pinned SDK: pip install 'grafana-foundation-sdk==1769699379!11.6.0'",
+            pytrace=False,
+        )
     return module
 
 
 @pytest.fixture(scope="module")
 def dashboards(repo_root: Path) -> dict[str, dict]:
-    return {p.name: json.loads(p.read_text()) for p in sorted((repo_root / "grafana/dashboards").glob("*.json"))}
+    return {
+        p.name: json.loads(p.read_text())
+        for p in sorted((repo_root / "grafana/dashboards").glob("*.json"))
+    }
 
 
 @pytest.fixture(scope="module")
 def datasources(repo_root: Path) -> dict[str, dict]:
-    doc = yaml.safe_load((repo_root / "grafana/provisioning/datasources/datasources.yaml").read_text())
+    doc = yaml.safe_load(
+        (repo_root / "grafana/provisioning/datasources/datasources.yaml").read_text()
+    )
     return {ds["uid"]: ds for ds in doc["datasources"]}
 
 
 def test_committed_json_is_exactly_what_the_code_produces(repo_root: Path) -> None:
     rendered = _load_builder(repo_root).render()
     committed = {p.name: p.read_text() for p in (repo_root / "grafana/dashboards").glob("*.json")}
-    assert set(committed) == set(rendered), "grafana/dashboards/ holds files the builder does not produce"
+    assert set(committed) == set(rendered), (
+        "grafana/dashboards/ holds files the builder does not produce"
+    )
     for name, text in rendered.items():
         assert committed[name] == text, (
-            f"grafana/dashboards/{name} is stale: run python grafana/dashboards_src/build_dashboards.py")
+            f"grafana/dashboards/{name} is stale: run python grafana/dashboards_src/build_dashboards.py"
+        )
 
 
 def test_foundation_sdk_is_the_pinned_build() -> None:
@@ -61,10 +71,14 @@ def test_foundation_sdk_is_the_pinned_build() -> None:
         installed = version("grafana-foundation-sdk")
     except PackageNotFoundError:
         pytest.fail("pip install 'grafana-foundation-sdk==1769699379!11.6.0'", pytrace=False)
-    assert installed == "1769699379!11.6.0", "a plain install picks the Grafana 10.1 build; pin the epoch"
+    assert installed == "1769699379!11.6.0", (
+        "a plain install picks the Grafana 10.1 build; pin the epoch"
+    )
 
 
-def test_every_target_has_ref_id_and_known_datasource(dashboards: dict[str, dict], datasources: dict[str, dict]) -> None:
+def test_every_target_has_ref_id_and_known_datasource(
+    dashboards: dict[str, dict], datasources: dict[str, dict]
+) -> None:
     for name, dash in dashboards.items():
         for panel in _panels(dash["panels"]):
             if panel["type"] == "row":
@@ -72,12 +86,15 @@ def test_every_target_has_ref_id_and_known_datasource(dashboards: dict[str, dict
             targets = panel.get("targets") or []
             assert targets, f"{name}: panel {panel.get('title')!r} has no query"
             ref_ids = [t.get("refId") for t in targets]
-            assert all(ref_ids) and len(set(ref_ids)) == len(ref_ids), f"{name}: {panel['title']!r} refIds {ref_ids}"
+            assert all(ref_ids) and len(set(ref_ids)) == len(ref_ids), (
+                f"{name}: {panel['title']!r} refIds {ref_ids}"
+            )
             for obj in (panel, *targets):
                 ds = obj.get("datasource")
                 if ds:
-                    assert ds["uid"] in datasources and datasources[ds["uid"]]["type"] == ds["type"], (
-                        f"{name}: {panel['title']!r} uses unknown datasource {ds}")
+                    assert (
+                        ds["uid"] in datasources and datasources[ds["uid"]]["type"] == ds["type"]
+                    ), f"{name}: {panel['title']!r} uses unknown datasource {ds}"
         for v in dash["templating"]["list"]:
             if v.get("datasource"):
                 assert v["datasource"]["uid"] in datasources
@@ -86,21 +103,37 @@ def test_every_target_has_ref_id_and_known_datasource(dashboards: dict[str, dict
 def test_long_tail_dashboard_content(dashboards: dict[str, dict]) -> None:
     dash = dashboards["rollout-long-tail.json"]
     assert dash["title"] == "Rollout long tail" and dash["uid"] == "rollout-long-tail"
-    assert {"model", "provider", "service", "replica"} <= {v["name"] for v in dash["templating"]["list"]}
+    assert {"model", "provider", "service", "replica"} <= {
+        v["name"] for v in dash["templating"]["list"]
+    }
     panels = [p for p in _panels(dash["panels"]) if p["type"] != "row"]
     heatmaps = [p for p in panels if p["type"] == "heatmap"]
-    assert len(heatmaps) >= 2 and all(t.get("exemplar") is True for p in heatmaps for t in p["targets"])
+    assert len(heatmaps) >= 2 and all(
+        t.get("exemplar") is True for p in heatmaps for t in p["targets"]
+    )
     exprs = " ".join(t.get("expr", "") for p in panels for t in p["targets"])
-    for metric in ("gen_ai_server_request_duration_seconds_bucket", "gen_ai_client_token_usage_bucket",
-                   "rollout_step_tail_duration_seconds", "rollout_step_straggler_ratio", "rollout_step_tail_requests",
-                   "rollout_step_idle_capacity_seconds", "rollout_requests_active",
-                   "rollout_engine_idle_time_seconds_total", "rollout_engine_busy_time_seconds_total",
-                   "rollout_finish_reason", 'rollout_finish_reason="length"'):
+    for metric in (
+        "gen_ai_server_request_duration_seconds_bucket",
+        "gen_ai_client_token_usage_bucket",
+        "rollout_step_tail_duration_seconds",
+        "rollout_step_straggler_ratio",
+        "rollout_step_tail_requests",
+        "rollout_step_idle_capacity_seconds",
+        "rollout_requests_active",
+        "rollout_engine_idle_time_seconds_total",
+        "rollout_engine_busy_time_seconds_total",
+        "rollout_finish_reason",
+        'rollout_finish_reason="length"',
+    ):
         assert metric in exprs, f"dashboard never queries {metric}"
     for q in ("0.5", "0.9", "0.99"):
         assert f"histogram_quantile({q}," in exprs
-    tempo_tables = [p for p in panels if p["type"] == "table" and p["datasource"]["uid"] == TEMPO_UID]
-    assert tempo_tables and all(t["queryType"] == "traceql" for p in tempo_tables for t in p["targets"])
+    tempo_tables = [
+        p for p in panels if p["type"] == "table" and p["datasource"]["uid"] == TEMPO_UID
+    ]
+    assert tempo_tables and all(
+        t["queryType"] == "traceql" for p in tempo_tables for t in p["targets"]
+    )
     assert any("duration >" in t["query"] for p in tempo_tables for t in p["targets"])
 
 
@@ -111,7 +144,7 @@ def test_traceql_queries_parse_with_grafana_grammar(repo_root: Path) -> None:
     control = "{ span.gen_ai.provider.name != && duration > }"
     results = parse_traceql([q for _, q in queries] + [control])
     assert results[-1]["ok"] is False, "the TraceQL parser accepted a broken control query"
-    bad = [(src, r) for (src, _), r in zip(queries, results[:-1]) if not r["ok"]]
+    bad = [(src, r) for (src, _), r in zip(queries, results[:-1], strict=False) if not r["ok"]]
     assert not bad, f"TraceQL that Grafana's grammar rejects: {bad}"
 
 
@@ -121,7 +154,11 @@ def test_promql_placeholders_all_substituted(repo_root: Path) -> None:
 
 
 def test_datasources_link_to_each_other(datasources: dict[str, dict], repo_root: Path) -> None:
-    assert (repo_root / "grafana/provisioning/datasources/datasources.yaml").read_text().startswith("#")
+    assert (
+        (repo_root / "grafana/provisioning/datasources/datasources.yaml")
+        .read_text()
+        .startswith("#")
+    )
     prom, tempo = datasources[PROM_UID], datasources[TEMPO_UID]
     assert prom["type"] == "prometheus" and tempo["type"] == "tempo"
     dest = prom["jsonData"]["exemplarTraceIdDestinations"]
@@ -144,7 +181,9 @@ def test_dashboard_provider_matches_compose_mount(repo_root: Path) -> None:
 
 # --- "Slowest requests" lists request spans only ------------------------------------------------
 
-_CLAUSE = re.compile(r'^(name|duration|span\.[\w.]+)\s*(!=|=~|!~|>=|<=|=|>|<)\s*(nil|"[^"]*"|\d+(?:ns|ms|s|m|h))$')
+_CLAUSE = re.compile(
+    r'^(name|duration|span\.[\w.]+)\s*(!=|=~|!~|>=|<=|=|>|<)\s*(nil|"[^"]*"|\d+(?:ns|ms|s|m|h))$'
+)
 _UNITS_NS = {"ns": 1, "ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
 
 
@@ -154,7 +193,7 @@ def _spanset_filter(query: str) -> Callable[[Any], bool]:
     Covers exactly the conjunctions of comparisons the shipped tables use; anything else raises,
     so a rewritten query cannot slip past this check unevaluated.
     """
-    body = query[query.index("{") + 1:query.index("}")]
+    body = query[query.index("{") + 1 : query.index("}")]
     clauses = []
     for raw in body.split("&&"):
         match = _CLAUSE.match(raw.strip())
@@ -166,7 +205,7 @@ def _spanset_filter(query: str) -> Callable[[Any], bool]:
             return span.name
         if lhs == "duration":
             return span.end_time - span.start_time
-        return span.attributes.get(lhs[len("span."):])
+        return span.attributes.get(lhs[len("span.") :])
 
     def literal(rhs: str) -> Any:
         if rhs == "nil":
@@ -188,8 +227,15 @@ def _spanset_filter(query: str) -> Callable[[Any], bool]:
                 if found != (op == "=~"):
                     return False
             if op in (">", ">=", "<", "<="):
-                if left is None or not {">": left > right, ">=": left >= right,
-                                        "<": left < right, "<=": left <= right}[op]:
+                if (
+                    left is None
+                    or not {
+                        ">": left > right,
+                        ">=": left >= right,
+                        "<": left < right,
+                        "<=": left <= right,
+                    }[op]
+                ):
                     return False
         return True
 
@@ -212,8 +258,12 @@ def test_slowest_requests_table_lists_request_spans_only(dashboards: dict[str, d
     exporter = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    telemetry = Telemetry("vllm", tracer_provider.get_tracer("dashboards"),
-                          MeterProvider().get_meter("dashboards"), RolloutConfig())
+    telemetry = Telemetry(
+        "vllm",
+        tracer_provider.get_tracer("dashboards"),
+        MeterProvider().get_meter("dashboards"),
+        RolloutConfig(),
+    )
     with StepScope(3, config=RolloutConfig(), telemetry=telemetry):
         with telemetry.batch("tiny", "text_completion", 2) as ctx:
             telemetry.emit(make_record("tiny", request_id="r1"), ctx)
@@ -221,12 +271,17 @@ def test_slowest_requests_table_lists_request_spans_only(dashboards: dict[str, d
     spans = exporter.get_finished_spans()
     assert {s.name for s in spans} == {"rollout.step", "rollout.batch", "text_completion tiny"}
 
-    panels = [p for d in dashboards.values() for p in _panels(d["panels"])
-              if p["type"] == "table" and p.get("title", "").startswith("Slowest requests")]
+    panels = [
+        p
+        for d in dashboards.values()
+        for p in _panels(d["panels"])
+        if p["type"] == "table" and p.get("title", "").startswith("Slowest requests")
+    ]
     assert panels, "no 'Slowest requests' table"
     for panel in panels:
         for target in panel["targets"]:
             query = target["query"].replace("$model", ".*").replace("$min_duration", "0s")
             listed = [s for s in spans if _spanset_filter(query)(s)]
             assert sorted(s.attributes.get("gen_ai.response.id") for s in listed) == ["r1", "r2"], (
-                f"{target['query']} lists {[s.name for s in listed]}")
+                f"{target['query']} lists {[s.name for s in listed]}"
+            )

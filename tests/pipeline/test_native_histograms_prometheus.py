@@ -46,8 +46,10 @@ class Target:
         self.provider = MeterProvider(metric_readers=[self.reader])
         tracer = TracerProvider().get_tracer("test")
         hist = self.provider.get_meter("otel_rollout.vllm").create_histogram(
-            "gen_ai.server.request.duration", unit="s",
-            explicit_bucket_boundaries_advisory=self.reader.config.latency_buckets)
+            "gen_ai.server.request.duration",
+            unit="s",
+            explicit_bucket_boundaries_advisory=self.reader.config.latency_buckets,
+        )
         rng = random.Random(18)
         self.values: list[float] = []
         self.span_ids: set[str] = set()
@@ -75,7 +77,8 @@ def target(monkeypatch: pytest.MonkeyPatch) -> Iterator[Target]:
 
 
 def test_native_histograms_give_quantiles_within_one_native_bucket(
-        target: Target, tmp_path: Path) -> None:
+    target: Target, tmp_path: Path
+) -> None:
     prom = Prometheus(tmp_path, target.port, native=True)
     try:
         prom.wait_for(f"histogram_count(sum({NATIVE})) == {N}")
@@ -88,8 +91,7 @@ def test_native_histograms_give_quantiles_within_one_native_bucket(
             estimate = prom.scalar(f"histogram_quantile({q}, sum({NATIVE}))")
             # the estimate lies in the native bucket holding the true quantile (or a neighbour
             # when the quantile sits on a bucket edge), and within 10 % (the issue's bar)
-            assert true / schema_ratio ** 2 <= estimate <= true * schema_ratio ** 2, (q, true,
-                                                                                     estimate)
+            assert true / schema_ratio**2 <= estimate <= true * schema_ratio**2, (q, true, estimate)
             assert abs(estimate - true) / true <= 0.10, (q, true, estimate)
         exemplars = prom.exemplars(NATIVE)
         assert exemplars, "a native histogram's exemplar rides on its classic buckets in 2.42"
@@ -101,7 +103,8 @@ def test_native_histograms_give_quantiles_within_one_native_bucket(
 
 
 def test_text_only_scrape_still_gets_classic_buckets_and_exemplars(
-        target: Target, tmp_path: Path) -> None:
+    target: Target, tmp_path: Path
+) -> None:
     prom = Prometheus(tmp_path, target.port, native=False)
     try:
         prom.wait_for(f'{NATIVE}_bucket{{le="+Inf"}} == {N}')
@@ -110,8 +113,10 @@ def test_text_only_scrape_still_gets_classic_buckets_and_exemplars(
         exemplars = prom.exemplars(f"{NATIVE}_bucket")
         assert exemplars and {e["labels"]["span_id"] for e in exemplars} <= target.span_ids
         # the dashboards' fallback form answers from the classic series
-        fallback = prom.scalar(f"histogram_quantile(0.5, sum({NATIVE})) or "
-                               f"histogram_quantile(0.5, sum by (le) ({NATIVE}_bucket))")
+        fallback = prom.scalar(
+            f"histogram_quantile(0.5, sum({NATIVE})) or "
+            f"histogram_quantile(0.5, sum by (le) ({NATIVE}_bucket))"
+        )
         assert fallback > 0
         # classic buckets derived from the exponential ones are exact at powers of two
         for le in (0.5, 1, 2):
@@ -122,7 +127,8 @@ def test_text_only_scrape_still_gets_classic_buckets_and_exemplars(
 
 
 def test_explicit_setting_serves_classic_histograms_in_protobuf(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """OTEL_ROLLOUT_HISTOGRAMS=explicit under a native-histogram Prometheus: classic series
     (protobuf Histogram without native fields), exemplars on the buckets, fallback queries."""
     target = Target(monkeypatch, mode="explicit")
@@ -133,8 +139,13 @@ def test_explicit_setting_serves_classic_histograms_in_protobuf(
         assert not prom.query(NATIVE)
         exemplars = prom.exemplars(f"{NATIVE}_bucket")
         assert exemplars and {e["labels"]["span_id"] for e in exemplars} <= target.span_ids
-        assert prom.scalar(f"histogram_quantile(0.99, sum({NATIVE})) or "
-                           f"histogram_quantile(0.99, sum by (le) ({NATIVE}_bucket))") > 0
+        assert (
+            prom.scalar(
+                f"histogram_quantile(0.99, sum({NATIVE})) or "
+                f"histogram_quantile(0.99, sum by (le) ({NATIVE}_bucket))"
+            )
+            > 0
+        )
     finally:
         prom.stop()
         target.close()

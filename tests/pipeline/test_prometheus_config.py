@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from pipeline_tools import PROMTOOL_HINT, require_tool
 from promql import all_promql_expressions
 
@@ -44,7 +43,11 @@ def test_every_rule_is_unit_tested(repo_root: Path) -> None:
             name = rule.get("record") or rule.get("alert")
             assert name in tests, f"{name} has no promtool test in tests/pipeline/rules_test.yml"
             if "alert" in rule:
-                assert rule.get("for") and rule["labels"].get("severity") and rule["annotations"].get("summary")
+                assert (
+                    rule.get("for")
+                    and rule["labels"].get("severity")
+                    and rule["annotations"].get("summary")
+                )
 
 
 def test_scrape_and_exemplar_settings(repo_root: Path) -> None:
@@ -65,8 +68,16 @@ def test_every_shipped_promql_expression_parses(repo_root: Path, tmp_path: Path)
     assert len(exprs) >= 30
     for source, expr in exprs:
         assert "$" not in expr, f"{source}: unsubstituted placeholder in {expr!r}"
-    doc = {"groups": [{"name": "shipped-expressions", "rules": [
-        {"record": f"check:expr_{i}", "expr": expr} for i, (_, expr) in enumerate(exprs)]}]}
+    doc = {
+        "groups": [
+            {
+                "name": "shipped-expressions",
+                "rules": [
+                    {"record": f"check:expr_{i}", "expr": expr} for i, (_, expr) in enumerate(exprs)
+                ],
+            }
+        ]
+    }
     path = tmp_path / "exprs.yml"
     path.write_text(yaml.safe_dump(doc))
     proc = _promtool("check", "rules", str(path), cwd=tmp_path)
@@ -85,8 +96,9 @@ def test_expression_sources_cover_dashboards_rules_and_datasources(repo_root: Pa
     assert any("tracesToMetrics" in s for s in sources)
 
 
-def test_direct_scrape_recipe_covers_every_port_a_worker_may_take(repo_root: Path,
-                                                                   tmp_path: Path) -> None:
+def test_direct_scrape_recipe_covers_every_port_a_worker_may_take(
+    repo_root: Path, tmp_path: Path
+) -> None:
     """The commented direct-scrape job, uncommented, is a valid config whose targets are the
     ports the endpoint may take (one per process on a node), and it says how to bind for compose."""
     from otel_rollout.exposition import DEFAULT_PORT, PORT_RANGE
@@ -99,7 +111,9 @@ def test_direct_scrape_recipe_covers_every_port_a_worker_may_take(repo_root: Pat
     cfg = yaml.safe_load(enabled)
     (job,) = [j for j in cfg["scrape_configs"] if j["job_name"] == "rollout-workers"]
     targets = [t for sc in job["static_configs"] for t in sc["targets"]]
-    assert targets == [f"host.docker.internal:{p}" for p in range(DEFAULT_PORT, DEFAULT_PORT + PORT_RANGE)]
+    assert targets == [
+        f"host.docker.internal:{p}" for p in range(DEFAULT_PORT, DEFAULT_PORT + PORT_RANGE)
+    ]
     assert "OTEL_EXPORTER_PROMETHEUS_HOST=0.0.0.0" in text
     (tmp_path / "rules.yml").write_text((repo_root / PROM_DIR / "rules.yml").read_text())
     (tmp_path / "prometheus.yml").write_text(enabled)

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from testkit.engines import VLLM_KWARGS, shutdown_async_llm
 from tests.reliability.jobs import exporter_jobs  # noqa: F401
 from tests.vllm.conftest import instrumented, llm, llm_stats, vllm_module  # noqa: F401
-from testkit.engines import VLLM_KWARGS, shutdown_async_llm
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
@@ -32,8 +32,9 @@ def aloop() -> Iterator[asyncio.AbstractEventLoop]:
 
 
 @pytest.fixture(scope="session")
-def async_engine(vllm_module: Any, tiny_model: str, instrumented: Any, llm: Any,
-                 aloop: asyncio.AbstractEventLoop) -> Iterator[Any]:
+def async_engine(
+    vllm_module: Any, tiny_model: str, instrumented: Any, llm: Any, aloop: asyncio.AbstractEventLoop
+) -> Iterator[Any]:
     """One AsyncLLM (engine core in a child process) shared by every reliability test.
 
     It depends on ``llm`` only for teardown order: the in-process LLM's shutdown terminates a

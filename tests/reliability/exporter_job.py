@@ -23,8 +23,9 @@ def _rss_mb() -> float:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+    )
     logging.getLogger("job").debug("debug logging is on")
     import vllm
 
@@ -34,15 +35,29 @@ def main() -> None:
     batches = int(os.environ.get("JOB_BATCHES", "6"))
     prompts = int(os.environ.get("JOB_PROMPTS", "16"))
     llm = vllm.LLM(model=os.environ["JOB_MODEL"], **VLLM_KWARGS)
-    params = [vllm.SamplingParams(max_tokens=4 + i % 5, ignore_eos=True, seed=i, temperature=1.0)
-              for i in range(prompts)]
+    params = [
+        vllm.SamplingParams(max_tokens=4 + i % 5, ignore_eos=True, seed=i, temperature=1.0)
+        for i in range(prompts)
+    ]
     for b in range(batches):
         start = time.monotonic()
-        outputs = llm.generate([f"{os.environ.get('JOB_PROMPT', 'job')} {b} {i}"
-                                for i in range(prompts)], params, use_tqdm=False)
+        outputs = llm.generate(
+            [f"{os.environ.get('JOB_PROMPT', 'job')} {b} {i}" for i in range(prompts)],
+            params,
+            use_tqdm=False,
+        )
         took = time.monotonic() - start
-        print(json.dumps({"batch": b, "seconds": took, "rss_mb": _rss_mb(),
-                          "tokens": [list(o.outputs[0].token_ids) for o in outputs]}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "batch": b,
+                    "seconds": took,
+                    "rss_mb": _rss_mb(),
+                    "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+                }
+            ),
+            flush=True,
+        )
     print(f"LAST_GENERATE_DONE {time.time():.6f}", flush=True)
 
 

@@ -45,11 +45,11 @@ class FaultyCollector:
             context.abort(grpc.StatusCode.UNAVAILABLE, "FAULT INJECTION: collector unavailable")
 
         class Traces(trace_service_pb2_grpc.TraceServiceServicer):
-            def Export(self, request: Any, context: Any) -> Any:  # noqa: N802
+            def Export(self, request: Any, context: Any) -> Any:
                 return answer(context, trace_service_pb2.ExportTraceServiceResponse())
 
         class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
-            def Export(self, request: Any, context: Any) -> Any:  # noqa: N802
+            def Export(self, request: Any, context: Any) -> Any:
                 return answer(context, metrics_service_pb2.ExportMetricsServiceResponse())
 
         self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
@@ -58,7 +58,7 @@ class FaultyCollector:
         self.grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 collector.requests += 1
                 collector.headers.append({k.lower(): v for k, v in self.headers.items()})

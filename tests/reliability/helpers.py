@@ -34,8 +34,12 @@ def live(*classes: type) -> int:
 
 
 def request_spans(otel: OTelHarness) -> list[Any]:
-    return [s for s in otel.finished_spans() if s.attributes.get("gen_ai.provider.name") == "vllm"
-            and s.name not in (BATCH_SPAN_NAME, "rollout.step")]
+    return [
+        s
+        for s in otel.finished_spans()
+        if s.attributes.get("gen_ai.provider.name") == "vllm"
+        and s.name not in (BATCH_SPAN_NAME, "rollout.step")
+    ]
 
 
 def batch_spans(otel: OTelHarness) -> list[Any]:

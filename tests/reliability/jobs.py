@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.reliability.faults import FaultyCollector, closed_port
 from testkit.engines import VLLM_ENV
+from tests.reliability.faults import FaultyCollector, closed_port
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -27,8 +27,12 @@ class Job:
         self.started = time.time()
         self.proc = subprocess.Popen(
             [str(BIN / "opentelemetry-instrument"), sys.executable, str(HERE / script)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            cwd=str(HERE.parent.parent))
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=str(HERE.parent.parent),
+        )
         self.stdout = self.stderr = ""
         self.ended = 0.0
 
@@ -55,12 +59,19 @@ class Job:
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update(VLLM_ENV)
-    env.update(OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="otlp", OTEL_LOGS_EXPORTER="none",
-               OTEL_SERVICE_NAME="exporter-trouble", OTEL_METRIC_EXPORT_INTERVAL="500",
-               OTEL_BSP_SCHEDULE_DELAY="200",
-               OTEL_EXPORTER_OTLP_HEADERS=f"authorization=Bearer {SECRET}",
-               VLLM_LOGGING_LEVEL="INFO", JOB_ROUNDS="5", JOB_PER_ROUND="1000",
-               JOB_PROMPT="exporter trouble")
+    env.update(
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_METRICS_EXPORTER="otlp",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_SERVICE_NAME="exporter-trouble",
+        OTEL_METRIC_EXPORT_INTERVAL="500",
+        OTEL_BSP_SCHEDULE_DELAY="200",
+        OTEL_EXPORTER_OTLP_HEADERS=f"authorization=Bearer {SECRET}",
+        VLLM_LOGGING_LEVEL="INFO",
+        JOB_ROUNDS="5",
+        JOB_PER_ROUND="1000",
+        JOB_PROMPT="exporter trouble",
+    )
     env.update(extra)
     return env
 
@@ -73,16 +84,36 @@ def exporter_jobs(tiny_model: str) -> Iterator[dict[str, Job]]:
     slow, error = FaultyCollector("slow").start(), FaultyCollector("error").start()
     refused = f"http://127.0.0.1:{closed_port()}"
     light = {"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "vllm,sglang"}
-    jobs = {"bare": Job("bare", "telemetry_job.py",
-                        _env(**light, OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none"))}
+    jobs = {
+        "bare": Job(
+            "bare",
+            "telemetry_job.py",
+            _env(**light, OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none"),
+        )
+    }
     for proto, value in PROTOCOLS.items():
-        for fault, endpoint in (("refused", refused), ("slow", slow.endpoint(proto)),
-                                ("error", error.endpoint(proto))):
-            jobs[f"{fault}-{proto}"] = Job(f"{fault}-{proto}", "telemetry_job.py", _env(
-                **light, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_PROTOCOL=value))
-    jobs["vllm-error-http"] = Job("vllm-error-http", "exporter_job.py", _env(
-        JOB_MODEL=tiny_model, JOB_BATCHES="3", OTEL_EXPORTER_OTLP_ENDPOINT=error.endpoint("http"),
-        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf"))
+        for fault, endpoint in (
+            ("refused", refused),
+            ("slow", slow.endpoint(proto)),
+            ("error", error.endpoint(proto)),
+        ):
+            jobs[f"{fault}-{proto}"] = Job(
+                f"{fault}-{proto}",
+                "telemetry_job.py",
+                _env(
+                    **light, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_PROTOCOL=value
+                ),
+            )
+    jobs["vllm-error-http"] = Job(
+        "vllm-error-http",
+        "exporter_job.py",
+        _env(
+            JOB_MODEL=tiny_model,
+            JOB_BATCHES="3",
+            OTEL_EXPORTER_OTLP_ENDPOINT=error.endpoint("http"),
+            OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+        ),
+    )
     try:
         for job in jobs.values():
             job.wait(timeout=240)

@@ -24,8 +24,9 @@ def _rss_mb() -> float:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+    )
     logging.getLogger("job").debug("debug logging is on")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from otel_rollout.instrumentation import build_telemetry
@@ -41,18 +42,32 @@ def main() -> None:
     rss = []
     for r in range(rounds):
         now = time.time_ns()
-        records = [RequestRecord(provider="vllm", model="job", operation="text_completion",
-                                 arrival_ns=now - 10**9, first_token_ns=now - 5 * 10**8,
-                                 finish_ns=now, request_id=f"{r}-{i}", prompt_tokens=12,
-                                 output_tokens=1 + i % 64, finish_reasons=("length",),
-                                 prompt_text="job prompt")
-                   for i in range(per_round)]
+        records = [
+            RequestRecord(
+                provider="vllm",
+                model="job",
+                operation="text_completion",
+                arrival_ns=now - 10**9,
+                first_token_ns=now - 5 * 10**8,
+                finish_ns=now,
+                request_id=f"{r}-{i}",
+                prompt_tokens=12,
+                output_tokens=1 + i % 64,
+                finish_reasons=("length",),
+                prompt_text="job prompt",
+            )
+            for i in range(per_round)
+        ]
         telemetry.requests_started("job", "text_completion", per_round)
         telemetry.emit_all(records)
         telemetry.requests_ended("job", "text_completion", per_round)
         rss.append(_rss_mb())
-    print(json.dumps({"records": rounds * per_round, "seconds": time.monotonic() - start,
-                      "rss_mb": rss}), flush=True)
+    print(
+        json.dumps(
+            {"records": rounds * per_round, "seconds": time.monotonic() - start, "rss_mb": rss}
+        ),
+        flush=True,
+    )
     print(f"LAST_GENERATE_DONE {time.time():.6f}", flush=True)
 
 

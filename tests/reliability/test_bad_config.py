@@ -22,7 +22,7 @@ CASES = {
     "malformed": "fast!?",
     "negative": "-1",
     "empty": "",
-    "huge": "9" * 400,          # an integer far out of range; as a float, 1e400 = inf
+    "huge": "9" * 400,  # an integer far out of range; as a float, 1e400 = inf
     "unicode": "ünïcødé→∞",
 }
 
@@ -51,11 +51,19 @@ def test_value_in_process(setting: object, case: str, caplog: pytest.LogCaptureF
 
 
 def _check(extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("OTEL_ROLLOUT_") and k != CAPTURE_CONTENT_ENV}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("OTEL_ROLLOUT_") and k != CAPTURE_CONTENT_ENV
+    }
     env.update(extra)
-    return subprocess.run([sys.executable, "-m", "otel_rollout.cli", "check"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "otel_rollout.cli", "check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -78,9 +86,16 @@ def test_check_names_every_invalid_variable(case: str) -> None:
 
 def test_huge_float_and_bucket_lists_are_rejected(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="otel_rollout"):
-        config = load_config({"OTEL_ROLLOUT_LATENCY_BUCKETS": "1e400",
-                              "OTEL_ROLLOUT_TOKEN_BUCKETS": ",".join(map(str, range(1, 5000))),
-                              "OTEL_ROLLOUT_TAIL_QUANTILE": "1e-400"})
+        config = load_config(
+            {
+                "OTEL_ROLLOUT_LATENCY_BUCKETS": "1e400",
+                "OTEL_ROLLOUT_TOKEN_BUCKETS": ",".join(map(str, range(1, 5000))),
+                "OTEL_ROLLOUT_TAIL_QUANTILE": "1e-400",
+            }
+        )
     assert {p.variable for p in config.problems} == {
-        "OTEL_ROLLOUT_LATENCY_BUCKETS", "OTEL_ROLLOUT_TOKEN_BUCKETS", "OTEL_ROLLOUT_TAIL_QUANTILE"}
+        "OTEL_ROLLOUT_LATENCY_BUCKETS",
+        "OTEL_ROLLOUT_TOKEN_BUCKETS",
+        "OTEL_ROLLOUT_TAIL_QUANTILE",
+    }
     assert len(caplog.records) == 3

@@ -18,8 +18,9 @@ pytestmark = pytest.mark.vllm
 N = 1000
 
 
-def test_thousand_concurrent_requests(otel: OTelHarness, async_engine: Any, vllm_module: Any,
-                                      aloop: asyncio.AbstractEventLoop) -> None:
+def test_thousand_concurrent_requests(
+    otel: OTelHarness, async_engine: Any, vllm_module: Any, aloop: asyncio.AbstractEventLoop
+) -> None:
     want = {f"c-{i}": 1 + (i * 7) % 4 for i in range(N)}  # 1..4 tokens, interleaved
 
     async def one(rid: str, n: int) -> tuple[str, int]:
@@ -51,8 +52,11 @@ def test_thousand_concurrent_requests(otel: OTelHarness, async_engine: Any, vllm
 
     durations = otel.metric_points("gen_ai.server.request.duration")
     assert sum(p.count for p in durations) == N
-    output = [p for p in otel.metric_points("gen_ai.client.token.usage")
-              if p.attributes["gen_ai.token.type"] == "output"]
+    output = [
+        p
+        for p in otel.metric_points("gen_ai.client.token.usage")
+        if p.attributes["gen_ai.token.type"] == "output"
+    ]
     assert sum(p.count for p in output) == N
     assert sum(p.sum for p in output) == sum(want.values())
     assert active_delta(otel) == 0

@@ -50,25 +50,33 @@ def _assert_same_error(reference: BaseException, error: BaseException) -> None:
     site = _raise_site(error)
     assert site == _raise_site(reference)
     assert "/vllm/" in site[0] and "otel_rollout" not in site[0]
-    assert error.__cause__ is reference.__cause__ or type(error.__cause__) is type(reference.__cause__)
+    assert error.__cause__ is reference.__cause__ or type(error.__cause__) is type(
+        reference.__cause__
+    )
 
 
 OFFLINE_ERRORS: dict[str, Callable[[Any, Any], Any]] = {
     "params-length-mismatch": lambda llm, v: llm.generate(
-        ["a", "b"], [v.SamplingParams(max_tokens=2)] * 3, use_tqdm=False),
+        ["a", "b"], [v.SamplingParams(max_tokens=2)] * 3, use_tqdm=False
+    ),
     "prompt-too-long": lambda llm, v: llm.generate(
-        ["x " * 5000], v.SamplingParams(max_tokens=2), use_tqdm=False),
+        ["x " * 5000], v.SamplingParams(max_tokens=2), use_tqdm=False
+    ),
     "bad-sampling-params": lambda llm, v: llm.generate(
-        ["a"], v.SamplingParams(max_tokens=2, allowed_token_ids=[10**7]), use_tqdm=False),
+        ["a"], v.SamplingParams(max_tokens=2, allowed_token_ids=[10**7]), use_tqdm=False
+    ),
     "chat-bad-logit-bias": lambda llm, v: llm.chat(
         [{"role": "user", "content": "hi"}],
-        v.SamplingParams(max_tokens=2, logit_bias={10**7: 1.0}), use_tqdm=False),
+        v.SamplingParams(max_tokens=2, logit_bias={10**7: 1.0}),
+        use_tqdm=False,
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(OFFLINE_ERRORS))
-def test_offline_error_reaches_caller_unmodified(case: str, otel: OTelHarness, llm: Any,
-                                                 vllm_module: Any) -> None:
+def test_offline_error_reaches_caller_unmodified(
+    case: str, otel: OTelHarness, llm: Any, vllm_module: Any
+) -> None:
     call = OFFLINE_ERRORS[case]
     with suppress_instrumentation():
         reference = _capture(lambda: call(llm, vllm_module))
@@ -107,14 +115,22 @@ async def _drain(engine: Any, prompt: str, params: Any, rid: str) -> BaseExcepti
 
 ASYNC_ERRORS: dict[str, Callable[[Any], tuple[str, Any]]] = {
     "prompt-too-long": lambda v: ("x " * 5000, v.SamplingParams(max_tokens=4)),
-    "bad-sampling-params": lambda v: ("a", v.SamplingParams(max_tokens=4,
-                                                           allowed_token_ids=[10**7])),
+    "bad-sampling-params": lambda v: (
+        "a",
+        v.SamplingParams(max_tokens=4, allowed_token_ids=[10**7]),
+    ),
 }
 
 
-def _check_async_error(otel: OTelHarness, engine: Any, vllm_module: Any,
-                       loop: asyncio.AbstractEventLoop, prompt: str, params: Any,
-                       rid: str) -> str:
+def _check_async_error(
+    otel: OTelHarness,
+    engine: Any,
+    vllm_module: Any,
+    loop: asyncio.AbstractEventLoop,
+    prompt: str,
+    params: Any,
+    rid: str,
+) -> str:
     with suppress_instrumentation():
         stream = engine.generate(prompt, params, rid + "-ref")  # the wrapper sees suppression here
     reference = loop.run_until_complete(_consume_stream(stream))
@@ -145,19 +161,25 @@ async def _consume_stream(stream: Any) -> BaseException:
 
 
 @pytest.mark.parametrize("case", list(ASYNC_ERRORS))
-def test_async_error_reaches_caller_unmodified(case: str, otel: OTelHarness, async_engine: Any,
-                                               vllm_module: Any,
-                                               aloop: asyncio.AbstractEventLoop) -> None:
+def test_async_error_reaches_caller_unmodified(
+    case: str,
+    otel: OTelHarness,
+    async_engine: Any,
+    vllm_module: Any,
+    aloop: asyncio.AbstractEventLoop,
+) -> None:
     prompt, params = ASYNC_ERRORS[case](vllm_module)
     _check_async_error(otel, async_engine, vllm_module, aloop, prompt, params, f"err-{case}")
 
 
 @pytest.mark.shuts_down_engine
-def test_generate_on_shut_down_engine(otel: OTelHarness, async_engine: Any, vllm_module: Any,
-                                      aloop: asyncio.AbstractEventLoop) -> None:
+def test_generate_on_shut_down_engine(
+    otel: OTelHarness, async_engine: Any, vllm_module: Any, aloop: asyncio.AbstractEventLoop
+) -> None:
     """Runs last (see conftest): it stops the session's AsyncLLM."""
     async_engine.shutdown()
     params = vllm_module.SamplingParams(max_tokens=4)
-    module = _check_async_error(otel, async_engine, vllm_module, aloop, "after shutdown", params,
-                                "err-shutdown")
+    module = _check_async_error(
+        otel, async_engine, vllm_module, aloop, "after shutdown", params, "err-shutdown"
+    )
     assert "otel_rollout" not in module

@@ -52,14 +52,17 @@ def test_generate_unaffected_and_exit_code(exporter_jobs: dict[str, Job]) -> Non
             assert job.lines[0]["records"] == 5000, name
 
 
-def test_vllm_outputs_unchanged_under_a_failing_collector(exporter_jobs: dict[str, Job],
-                                                          llm: Any, vllm_module: Any) -> None:
+def test_vllm_outputs_unchanged_under_a_failing_collector(
+    exporter_jobs: dict[str, Job], llm: Any, vllm_module: Any
+) -> None:
     job = exporter_jobs["vllm-error-http"]
     assert job.proc.returncode == 0, job.stderr[-3000:]
     error: FaultyCollector = exporter_jobs["_error_collector"]  # type: ignore[assignment]
     assert error.headers, "the job really exported (and got 503s)"
-    params = [vllm_module.SamplingParams(max_tokens=4 + i % 5, ignore_eos=True, seed=i,
-                                         temperature=1.0) for i in range(16)]
+    params = [
+        vllm_module.SamplingParams(max_tokens=4 + i % 5, ignore_eos=True, seed=i, temperature=1.0)
+        for i in range(16)
+    ]
     for line in job.lines:
         prompts = [f"exporter trouble {line['batch']} {i}" for i in range(16)]
         with suppress_instrumentation():
@@ -78,7 +81,11 @@ def test_memory_bounded(exporter_jobs: dict[str, Job]) -> None:
 def test_fast_exit_under_broken_exporters(exporter_jobs: dict[str, Job]) -> None:
     """Without a bounded shutdown the SDK's atexit waited 30-45 s here (measured 2026-12-02)."""
     bare = exporter_jobs["bare"].exit_s
-    slow_exits = {name: round(job.exit_s - bare, 2) for name, job in exporter_jobs.items()
-                  if isinstance(job, Job) and name not in ("bare", "vllm-error-http")
-                  and job.exit_s - bare > EXIT_SLACK_S}
+    slow_exits = {
+        name: round(job.exit_s - bare, 2)
+        for name, job in exporter_jobs.items()
+        if isinstance(job, Job)
+        and name not in ("bare", "vllm-error-http")
+        and job.exit_s - bare > EXIT_SLACK_S
+    }
     assert slow_exits == {}, f"exit time beyond the bare job's {bare:.2f} s: {slow_exits}"

@@ -56,12 +56,16 @@ def instrumentor(instrumented: Any) -> Iterator[VLLMInstrumentor]:
 
 
 def _generate(llm: Any, vllm_module: Any, n: int = 3) -> None:
-    llm.generate([f"life {i}" for i in range(n)],
-                 vllm_module.SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
+    llm.generate(
+        [f"life {i}" for i in range(n)],
+        vllm_module.SamplingParams(max_tokens=2, ignore_eos=True),
+        use_tqdm=False,
+    )
 
 
-def test_instrument_uninstrument_orders(instrumentor: VLLMInstrumentor, otel: OTelHarness,
-                                        llm: Any, vllm_module: Any) -> None:
+def test_instrument_uninstrument_orders(
+    instrumentor: VLLMInstrumentor, otel: OTelHarness, llm: Any, vllm_module: Any
+) -> None:
     wrapped = _current()
     originals = {name: f.__wrapped__ for name, f in wrapped.items()}
     assert all(_is_wrapped(f) for f in wrapped.values())
@@ -103,8 +107,12 @@ def test_uninstrument_without_instrument_touches_nothing(instrumentor: VLLMInstr
 
 
 def test_existing_async_engine_covered_after_reinstrument(
-        instrumentor: VLLMInstrumentor, otel: OTelHarness, async_engine: Any, vllm_module: Any,
-        aloop: asyncio.AbstractEventLoop) -> None:
+    instrumentor: VLLMInstrumentor,
+    otel: OTelHarness,
+    async_engine: Any,
+    vllm_module: Any,
+    aloop: asyncio.AbstractEventLoop,
+) -> None:
     params = vllm_module.SamplingParams(max_tokens=2, ignore_eos=True)
 
     async def run(rid: str) -> None:

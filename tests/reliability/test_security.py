@@ -23,8 +23,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from otel_rollout import VLLMInstrumentor
-from tests.reliability.jobs import SECRET
 from testkit.otlp_receiver import OTLPReceiver, attr
+from tests.reliability.jobs import SECRET
 
 pytestmark = pytest.mark.vllm
 
@@ -33,15 +33,22 @@ LIMIT = 12
 
 
 @pytest.fixture
-def otlp_instrumented(instrumented: Any, otlp_receiver: OTLPReceiver,
-                      monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def otlp_instrumented(
+    instrumented: Any, otlp_receiver: OTLPReceiver, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Any]:
     """Re-instrument vLLM onto OTLP providers; the session's instrumentation is restored after."""
     tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(
-        OTLPSpanExporter(endpoint=otlp_receiver.grpc_endpoint, insecure=True)))
-    meter_provider = MeterProvider(metric_readers=[PeriodicExportingMetricReader(
-        OTLPMetricExporter(endpoint=f"{otlp_receiver.http_endpoint}/v1/metrics"),
-        export_interval_millis=3_600_000)])
+    tracer_provider.add_span_processor(
+        SimpleSpanProcessor(OTLPSpanExporter(endpoint=otlp_receiver.grpc_endpoint, insecure=True))
+    )
+    meter_provider = MeterProvider(
+        metric_readers=[
+            PeriodicExportingMetricReader(
+                OTLPMetricExporter(endpoint=f"{otlp_receiver.http_endpoint}/v1/metrics"),
+                export_interval_millis=3_600_000,
+            )
+        ]
+    )
     inst = VLLMInstrumentor()
 
     def start() -> None:
@@ -63,10 +70,13 @@ def otlp_instrumented(instrumented: Any, otlp_receiver: OTLPReceiver,
 
 def _run(llm: Any, engine: Any, vllm_module: Any, loop: asyncio.AbstractEventLoop) -> list[str]:
     params = vllm_module.SamplingParams(max_tokens=16, ignore_eos=True, seed=3, temperature=1.0)
-    texts = [o.outputs[0].text for o in llm.generate([CANARY, CANARY + " 2"], params,
-                                                      use_tqdm=False)]
-    texts += [o.outputs[0].text for o in llm.chat([{"role": "user", "content": CANARY}], params,
-                                                  use_tqdm=False)]
+    texts = [
+        o.outputs[0].text for o in llm.generate([CANARY, CANARY + " 2"], params, use_tqdm=False)
+    ]
+    texts += [
+        o.outputs[0].text
+        for o in llm.chat([{"role": "user", "content": CANARY}], params, use_tqdm=False)
+    ]
 
     async def stream() -> str:
         text = ""
@@ -78,11 +88,16 @@ def _run(llm: Any, engine: Any, vllm_module: Any, loop: asyncio.AbstractEventLoo
     return texts
 
 
-def test_content_off_nothing_exported_or_logged(otlp_instrumented: Any, otlp_receiver: OTLPReceiver,
-                                                llm: Any, async_engine: Any, vllm_module: Any,
-                                                aloop: asyncio.AbstractEventLoop,
-                                                caplog: pytest.LogCaptureFixture,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_content_off_nothing_exported_or_logged(
+    otlp_instrumented: Any,
+    otlp_receiver: OTLPReceiver,
+    llm: Any,
+    async_engine: Any,
+    vllm_module: Any,
+    aloop: asyncio.AbstractEventLoop,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", raising=False)
     start, flush = otlp_instrumented
     start()
@@ -100,10 +115,15 @@ def test_content_off_nothing_exported_or_logged(otlp_instrumented: Any, otlp_rec
     assert not any("CANARY" in r.getMessage() for r in ours)
 
 
-def test_content_on_truncated_at_limit(otlp_instrumented: Any, otlp_receiver: OTLPReceiver,
-                                       llm: Any, async_engine: Any, vllm_module: Any,
-                                       aloop: asyncio.AbstractEventLoop,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_content_on_truncated_at_limit(
+    otlp_instrumented: Any,
+    otlp_receiver: OTLPReceiver,
+    llm: Any,
+    async_engine: Any,
+    vllm_module: Any,
+    aloop: asyncio.AbstractEventLoop,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
     monkeypatch.setenv("OTEL_ROLLOUT_CONTENT_MAX_LENGTH", str(LIMIT))
     start, flush = otlp_instrumented
@@ -113,7 +133,7 @@ def test_content_on_truncated_at_limit(otlp_instrumented: Any, otlp_receiver: OT
     assert otlp_receiver.wait_for(lambda r: len(r.spans()) >= 4)
     raw = b"".join(otlp_receiver.raw)
     assert CANARY[:LIMIT].encode() in raw
-    assert CANARY[:LIMIT + 1].encode() not in raw
+    assert CANARY[: LIMIT + 1].encode() not in raw
     contents = []
     for span in otlp_receiver.spans():
         for key in ("gen_ai.input.messages", "gen_ai.output.messages"):

@@ -87,8 +87,13 @@ SCENARIOS = {
 
 
 @pytest.mark.parametrize("rid", list(SCENARIOS))
-def test_stream_end_finalizes_once(rid: str, otel: OTelHarness, async_engine: Any,
-                                   vllm_module: Any, aloop: asyncio.AbstractEventLoop) -> None:
+def test_stream_end_finalizes_once(
+    rid: str,
+    otel: OTelHarness,
+    async_engine: Any,
+    vllm_module: Any,
+    aloop: asyncio.AbstractEventLoop,
+) -> None:
     scenario, error_type = SCENARIOS[rid]
     telemetry = vllm_telemetry()
     before = in_flight(telemetry)
@@ -126,9 +131,9 @@ def test_stream_end_finalizes_once(rid: str, otel: OTelHarness, async_engine: An
     assert len(request_spans(otel)) == 1
 
 
-def test_normal_streams_leave_nothing_behind(otel: OTelHarness, async_engine: Any,
-                                             vllm_module: Any,
-                                             aloop: asyncio.AbstractEventLoop) -> None:
+def test_normal_streams_leave_nothing_behind(
+    otel: OTelHarness, async_engine: Any, vllm_module: Any, aloop: asyncio.AbstractEventLoop
+) -> None:
     params = vllm_module.SamplingParams(max_tokens=3, ignore_eos=True)
 
     async def one(i: int) -> int:
@@ -150,8 +155,9 @@ def test_normal_streams_leave_nothing_behind(otel: OTelHarness, async_engine: An
 def test_offline_calls_leave_no_step_times(otel: OTelHarness, llm: Any, vllm_module: Any) -> None:
     params = vllm_module.SamplingParams(max_tokens=3, ignore_eos=True)
     llm.generate(["a", "b", "c"], params, use_tqdm=False)
-    with pytest.raises(Exception):
-        llm.generate(["x " * 5000], params, use_tqdm=False)  # the engine rejects it
+    # The engine rejects it (its error class differs across vLLM releases; its message does not).
+    with pytest.raises(Exception, match="longer than the maximum model length"):
+        llm.generate(["x " * 5000], params, use_tqdm=False)
     assert len(request_spans(otel)) == 4
     assert live(StepTimes) == 0
     assert active_delta(otel) == 0

@@ -39,11 +39,13 @@ def client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def _call(api: openai.OpenAI, model: str, kind: str, max_tokens: int,
-          headers: dict[str, str] | None) -> tuple[str, int]:
+def _call(
+    api: openai.OpenAI, model: str, kind: str, max_tokens: int, headers: dict[str, str] | None
+) -> tuple[str, int]:
     """One request of ``kind``; (response id, completion tokens the client was told)."""
-    common: dict[str, Any] = dict(model=model, max_tokens=max_tokens, temperature=1.0,
-                                  extra_body={"ignore_eos": True})
+    common: dict[str, Any] = dict(
+        model=model, max_tokens=max_tokens, temperature=1.0, extra_body={"ignore_eos": True}
+    )
     if headers:
         common["extra_headers"] = headers
     stream = kind.endswith("_stream")
@@ -51,7 +53,8 @@ def _call(api: openai.OpenAI, model: str, kind: str, max_tokens: int,
         common.update(stream=True, stream_options={"include_usage": True})
     if kind.startswith("chat"):
         out = api.chat.completions.create(
-            messages=[{"role": "user", "content": "Tell me a story."}], **common)
+            messages=[{"role": "user", "content": "Tell me a story."}], **common
+        )
     else:
         out = api.completions.create(prompt="Once upon a time", **common)
     if not stream:
@@ -74,8 +77,10 @@ def send_rollout(url: str, model: str, steps: int = 3, per_step: int = 2) -> lis
         step = 40 + i // per_step
         trace_id = step.to_bytes(2, "big").hex() + os.urandom(14).hex()
         span_id = os.urandom(8).hex()
-        headers = {"traceparent": f"00-{trace_id}-{span_id}-01",
-                   "baggage": f"rollout.step={step},team=rl"}
+        headers = {
+            "traceparent": f"00-{trace_id}-{span_id}-01",
+            "baggage": f"rollout.step={step},team=rl",
+        }
         kind = KINDS[i % len(KINDS)]
         response_id, tokens = _call(api, model, kind, max_tokens, headers)
         calls.append(Call(kind, step, trace_id, span_id, max_tokens, response_id, tokens))
@@ -92,13 +97,16 @@ def send_batch(url: str, model: str, prompts: int = 2, max_tokens: int = 6) -> C
     """One completions call with a list of prompts: one engine request (and span) per prompt."""
     trace_id, span_id = os.urandom(16).hex(), os.urandom(8).hex()
     out = client(url).completions.create(
-        model=model, prompt=[f"prompt {i}" for i in range(prompts)], max_tokens=max_tokens,
+        model=model,
+        prompt=[f"prompt {i}" for i in range(prompts)],
+        max_tokens=max_tokens,
         extra_body={"ignore_eos": True},
-        extra_headers={"traceparent": f"00-{trace_id}-{span_id}-01",
-                       "baggage": "rollout.step=99"})
+        extra_headers={"traceparent": f"00-{trace_id}-{span_id}-01", "baggage": "rollout.step=99"},
+    )
     assert out.usage is not None
-    return Call("completion_batch", 99, trace_id, span_id, max_tokens, out.id,
-                out.usage.completion_tokens)
+    return Call(
+        "completion_batch", 99, trace_id, span_id, max_tokens, out.id, out.usage.completion_tokens
+    )
 
 
 def check_batch(receiver: OTLPReceiver, provider: str, call: Call, prompts: int = 2) -> None:
@@ -115,26 +123,34 @@ def check_batch(receiver: OTLPReceiver, provider: str, call: Call, prompts: int 
     for span in spans:
         _check_parent(span, by_id, call.span_id, via_server_span=False)
     assert {attr(s.attributes, "rollout.step") for s in spans} == {99}
-    assert sum(attr(s.attributes, "gen_ai.usage.output_tokens") for s in spans) \
-        == call.output_tokens == prompts * call.max_tokens
+    assert (
+        sum(attr(s.attributes, "gen_ai.usage.output_tokens") for s in spans)
+        == call.output_tokens
+        == prompts * call.max_tokens
+    )
 
 
 def request_spans(receiver: OTLPReceiver, provider: str) -> list[Any]:
     """Our request spans: the ones carrying ``gen_ai.provider.name`` = ``provider``."""
-    return [s for s in receiver.spans()
-            if attr(s.attributes, "gen_ai.provider.name") == provider
-            and attr(s.attributes, "gen_ai.operation.name") is not None]
+    return [
+        s
+        for s in receiver.spans()
+        if attr(s.attributes, "gen_ai.provider.name") == provider
+        and attr(s.attributes, "gen_ai.operation.name") is not None
+    ]
 
 
 def _of(spans: list[Any], call: Call) -> list[Any]:
-    return [s for s in spans
-            if str(attr(s.attributes, "gen_ai.response.id") or "").startswith(call.response_id)]
+    return [
+        s
+        for s in spans
+        if str(attr(s.attributes, "gen_ai.response.id") or "").startswith(call.response_id)
+    ]
 
 
 def wait_spans(receiver: OTLPReceiver, provider: str, calls: list[Call]) -> list[Any]:
     """Wait until every call has its request span, then a little longer for any extra one."""
-    receiver.wait_for(lambda r: all(_of(request_spans(r, provider), c) for c in calls),
-                      timeout=30)
+    receiver.wait_for(lambda r: all(_of(request_spans(r, provider), c) for c in calls), timeout=30)
     time.sleep(1.0)  # > the batch processor's 200 ms delay: a second span would be here by now
     return request_spans(receiver, provider)
 
@@ -156,8 +172,9 @@ def _http_ancestry(span: Any, by_id: dict[str, Any]) -> tuple[list[Any], str]:
     return chain, parent
 
 
-def _check_parent(span: Any, by_id: dict[str, Any], caller_span_id: str | None,
-                  via_server_span: bool) -> None:
+def _check_parent(
+    span: Any, by_id: dict[str, Any], caller_span_id: str | None, via_server_span: bool
+) -> None:
     """The request span's parent is the caller's span, or HTTP-layer spans that lead to it.
 
     Without server instrumentation a request span's parent is the caller's span itself — unless
@@ -172,8 +189,9 @@ def _check_parent(span: Any, by_id: dict[str, Any], caller_span_id: str | None,
         assert any(s.kind == SERVER_KIND for s in chain), [s.name for s in chain]
 
 
-def check_joined(receiver: OTLPReceiver, provider: str, calls: list[Call], *,
-                 via_server_span: bool) -> dict[str, Any]:
+def check_joined(
+    receiver: OTLPReceiver, provider: str, calls: list[Call], *, via_server_span: bool
+) -> dict[str, Any]:
     """Each call: exactly one request span, in its trace, child of its span (through the server
     span there is one), with the output tokens the client was told and the step of its baggage."""
     spans = wait_spans(receiver, provider, calls)
@@ -195,8 +213,7 @@ def check_joined(receiver: OTLPReceiver, provider: str, calls: list[Call], *,
     return found
 
 
-def check_root(receiver: OTLPReceiver, provider: str, call: Call, *,
-               via_server_span: bool) -> None:
+def check_root(receiver: OTLPReceiver, provider: str, call: Call, *, via_server_span: bool) -> None:
     """A request without headers: one request span, a root (or under a root server span)."""
     spans = wait_spans(receiver, provider, [call])
     mine = _of(spans, call)

@@ -49,8 +49,9 @@ def server_python() -> Path:
 
 def require_in_server(module: str) -> None:
     """Skip unless the server's environment can import ``module``."""
-    probe = subprocess.run([str(server_python()), "-c", f"import {module}"],
-                           capture_output=True, timeout=120)
+    probe = subprocess.run(
+        [str(server_python()), "-c", f"import {module}"], capture_output=True, timeout=120
+    )
     if probe.returncode != 0:
         pytest.skip(f"{module} is not installed in {server_python()}")
 
@@ -69,29 +70,37 @@ def server_env(receiver: OTLPReceiver, *, fastapi: bool, **extra: str) -> dict[s
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     paths = [str(REPO), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
-    env.update({
-        "PYTHONPATH": os.pathsep.join(paths),
-        "OTEL_SERVICE_NAME": "rollout-server",
-        "OTEL_TRACES_EXPORTER": "otlp",
-        "OTEL_METRICS_EXPORTER": "none",
-        "OTEL_LOGS_EXPORTER": "none",
-        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.grpc_endpoint,
-        "OTEL_BSP_SCHEDULE_DELAY": "200",
-    })
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join(paths),
+            "OTEL_SERVICE_NAME": "rollout-server",
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.grpc_endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+        }
+    )
     if not fastapi:
         env["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] = "fastapi"
     env.update(extra)
     return env
 
 
-def start_server(args: list[str], env: dict[str, str], model: str, port: int,
-                 log: Path) -> Server:
+def start_server(args: list[str], env: dict[str, str], model: str, port: int, log: Path) -> Server:
     """``opentelemetry-instrument python -m <server> …``; returns once ``/health`` answers 200."""
     python = server_python()
     command = [str(python.parent / "opentelemetry-instrument"), str(python), *args]
     with log.open("wb") as out:
-        proc = subprocess.Popen(command, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            command,
+            env=env,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     server = Server(f"http://127.0.0.1:{port}", model, log, proc)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -135,30 +144,79 @@ def server_log(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixture
     return tmp_path_factory.mktemp("server") / f"{request.module.__name__.rsplit('.', 1)[-1]}.log"
 
 
-def vllm_server(model: str, receiver: OTLPReceiver, log: Path, *, fastapi: bool = False,
-                engine_tracing: bool = False) -> Server:
+def vllm_server(
+    model: str,
+    receiver: OTLPReceiver,
+    log: Path,
+    *,
+    fastapi: bool = False,
+    engine_tracing: bool = False,
+) -> Server:
     """vLLM's OpenAI server; ``engine_tracing`` turns on vLLM's own ``llm_request`` spans."""
     port = free_port()
-    args = ["-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
-            "--host", "127.0.0.1", "--enforce-eager", "--dtype", "bfloat16",
-            "--max-model-len", "2048", "--distributed-executor-backend", "uni"]
+    args = [
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--enforce-eager",
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "2048",
+        "--distributed-executor-backend",
+        "uni",
+    ]
     if engine_tracing:
         # The scheme matters: vLLM 0.12's gRPC exporter tries TLS without http:// (0.32 forces
         # insecure either way).
         args += ["--otlp-traces-endpoint", receiver.grpc_endpoint]
-    env = server_env(receiver, fastapi=fastapi, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1",
-                     VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    env = server_env(
+        receiver,
+        fastapi=fastapi,
+        VLLM_CPU_KVCACHE_SPACE="1",
+        OMP_NUM_THREADS="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+    )
     return start_server(args, env, model, port, log)
 
 
-def sglang_server(model: str, receiver: OTLPReceiver, log: Path, *, fastapi: bool = False,
-                  engine_tracing: bool = False) -> Server:
+def sglang_server(
+    model: str,
+    receiver: OTLPReceiver,
+    log: Path,
+    *,
+    fastapi: bool = False,
+    engine_tracing: bool = False,
+) -> Server:
     """SGLang's HTTP server on the CPU engine (settings of tests/sglang/conftest.py)."""
     port = free_port()
-    args = ["-m", "sglang.launch_server", "--model-path", model, "--port", str(port),
-            "--host", "127.0.0.1", "--device", "cpu", "--attention-backend", "torch_native",
-            "--dtype", "bfloat16", "--mem-fraction-static", "0.05", "--max-total-tokens", "4096",
-            "--disable-cuda-graph", "--skip-server-warmup"]
+    args = [
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model,
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--device",
+        "cpu",
+        "--attention-backend",
+        "torch_native",
+        "--dtype",
+        "bfloat16",
+        "--mem-fraction-static",
+        "0.05",
+        "--max-total-tokens",
+        "4096",
+        "--disable-cuda-graph",
+        "--skip-server-warmup",
+    ]
     if engine_tracing:
         args += ["--enable-trace", "--otlp-traces-endpoint", f"127.0.0.1:{receiver.grpc_port}"]
     env = server_env(receiver, fastapi=fastapi, SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1")

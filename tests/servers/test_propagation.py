@@ -21,8 +21,11 @@ from tests.conftest import OTelHarness
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN = "00f067aa0ba902b7"
-HEADERS = {"traceparent": f"00-{TRACE}-{SPAN}-01", "baggage": "rollout.step=7,team=rl",
-           "content-type": "application/json"}
+HEADERS = {
+    "traceparent": f"00-{TRACE}-{SPAN}-01",
+    "baggage": "rollout.step=7,team=rl",
+    "content-type": "application/json",
+}
 
 
 def _ids(ctx: Any) -> tuple[str, str]:
@@ -53,8 +56,9 @@ def test_a_server_span_already_attached_is_kept(otel: OTelHarness) -> None:
             otel_context.detach(token)
 
 
-@pytest.mark.parametrize("headers", [None, {}, {"content-type": "application/json"},
-                                     {"traceparent": "00-garbage-01"}])
+@pytest.mark.parametrize(
+    "headers", [None, {}, {"content-type": "application/json"}, {"traceparent": "00-garbage-01"}]
+)
 def test_nothing_to_attach(headers: Any) -> None:
     assert server_context(headers, otel_context.Context()) is None
 
@@ -88,10 +92,15 @@ class _BrokenHeaders(dict[str, str]):
         raise RuntimeError("broken headers")
 
 
-def test_vllm_hook_failure_never_fails_the_request(otel: OTelHarness,
-                                                   caplog: pytest.LogCaptureFixture) -> None:
-    telemetry = Telemetry("vllm", otel.tracer_provider.get_tracer("tests.servers"),
-                          otel.meter_provider.get_meter("tests.servers"), RolloutConfig())
+def test_vllm_hook_failure_never_fails_the_request(
+    otel: OTelHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    telemetry = Telemetry(
+        "vllm",
+        otel.tracer_provider.get_tracer("tests.servers"),
+        otel.meter_provider.get_meter("tests.servers"),
+        RolloutConfig(),
+    )
     wrapper = vllm_adapter.server_headers_wrapper(telemetry)
     answer = object()
     headers = _BrokenHeaders(HEADERS)
@@ -105,8 +114,12 @@ def test_vllm_hook_failure_never_fails_the_request(otel: OTelHarness,
 
 
 def test_vllm_hook_returns_vllms_value_and_attaches_the_callers_context() -> None:
-    telemetry = Telemetry("vllm", trace.NoOpTracerProvider().get_tracer("t"),
-                          NoOpMeterProvider().get_meter("t"), RolloutConfig())
+    telemetry = Telemetry(
+        "vllm",
+        trace.NoOpTracerProvider().get_tracer("t"),
+        NoOpMeterProvider().get_meter("t"),
+        RolloutConfig(),
+    )
     wrapper = vllm_adapter.server_headers_wrapper(telemetry)
     seen: list[Any] = []
 

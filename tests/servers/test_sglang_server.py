@@ -30,8 +30,7 @@ def server(tiny_model: str, receiver: OTLPReceiver, server_log: Path) -> Iterato
     stop_server(srv)
 
 
-def test_requests_join_the_callers_trace_and_step(server: Server,
-                                                  receiver: OTLPReceiver) -> None:
+def test_requests_join_the_callers_trace_and_step(server: Server, receiver: OTLPReceiver) -> None:
     calls = send_rollout(server.url, server.model)
     check_joined(receiver, "sglang", calls, via_server_span=False)
     # SGLang's own tracing is off: none of its per-request "Req" spans.
@@ -42,6 +41,5 @@ def test_request_without_headers_is_a_root(server: Server, receiver: OTLPReceive
     check_root(receiver, "sglang", send_plain(server.url, server.model), via_server_span=False)
 
 
-def test_a_list_of_prompts_is_one_span_per_prompt(server: Server,
-                                                  receiver: OTLPReceiver) -> None:
+def test_a_list_of_prompts_is_one_span_per_prompt(server: Server, receiver: OTLPReceiver) -> None:
     check_batch(receiver, "sglang", send_batch(server.url, server.model))

@@ -29,6 +29,7 @@ def test_one_request_span_under_the_server_span(server: Server, receiver: OTLPRe
     check_joined(receiver, "sglang", calls, via_server_span=True)
 
 
-def test_request_without_headers_is_under_a_root_server_span(server: Server,
-                                                             receiver: OTLPReceiver) -> None:
+def test_request_without_headers_is_under_a_root_server_span(
+    server: Server, receiver: OTLPReceiver
+) -> None:
     check_root(receiver, "sglang", send_plain(server.url, server.model), via_server_span=True)

@@ -24,8 +24,7 @@ def server(tiny_model: str, receiver: OTLPReceiver, server_log: Path) -> Iterato
     stop_server(srv)
 
 
-def test_requests_join_beside_sglangs_own_spans(server: Server,
-                                                receiver: OTLPReceiver) -> None:
+def test_requests_join_beside_sglangs_own_spans(server: Server, receiver: OTLPReceiver) -> None:
     calls = send_rollout(server.url, server.model)
     check_joined(receiver, "sglang", calls, via_server_span=False)
 
@@ -34,8 +33,11 @@ def test_requests_join_beside_sglangs_own_spans(server: Server,
 
     receiver.wait_for(lambda r: len(roots(r)) >= len(calls), timeout=20)
     for call in calls:
-        theirs = [s for s in roots(receiver) if s.trace_id.hex() == call.trace_id
-                  and s.parent_span_id.hex() == call.span_id]
+        theirs = [
+            s
+            for s in roots(receiver)
+            if s.trace_id.hex() == call.trace_id and s.parent_span_id.hex() == call.span_id
+        ]
         assert len(theirs) == 1, (call, [s.name for s in roots(receiver)])
 
 

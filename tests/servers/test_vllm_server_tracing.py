@@ -26,14 +26,21 @@ def server(tiny_model: str, receiver: OTLPReceiver, server_log: Path) -> Iterato
 def test_requests_join_beside_vllms_own_spans(server: Server, receiver: OTLPReceiver) -> None:
     calls = send_rollout(server.url, server.model)
     check_joined(receiver, "vllm", calls, via_server_span=False)
-    receiver.wait_for(lambda r: len([s for s in r.spans() if s.name == "llm_request"])
-                      >= len(calls), timeout=20)
+    receiver.wait_for(
+        lambda r: len([s for s in r.spans() if s.name == "llm_request"]) >= len(calls), timeout=20
+    )
     engine_spans = [s for s in receiver.spans() if s.name == "llm_request"]
     for call in calls:
-        theirs = [s for s in engine_spans if s.trace_id.hex() == call.trace_id
-                  and s.parent_span_id.hex() == call.span_id]
-        assert len(theirs) == 1, (call, sorted({s.name for s in receiver.spans()}),
-                                  [(s.trace_id.hex(), s.parent_span_id.hex()) for s in engine_spans])
+        theirs = [
+            s
+            for s in engine_spans
+            if s.trace_id.hex() == call.trace_id and s.parent_span_id.hex() == call.span_id
+        ]
+        assert len(theirs) == 1, (
+            call,
+            sorted({s.name for s in receiver.spans()}),
+            [(s.trace_id.hex(), s.parent_span_id.hex()) for s in engine_spans],
+        )
 
 
 def test_request_without_headers_is_a_root(server: Server, receiver: OTLPReceiver) -> None:

@@ -22,8 +22,14 @@ from tests.conftest import OTelHarness, require_module
 STANDIN = Path(__file__).resolve().parents[2] / "testkit" / "sgl_kernel_standin"
 SGLANG_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
 ENGINE_KWARGS: dict[str, Any] = dict(
-    device="cpu", attention_backend="torch_native", dtype="bfloat16", mem_fraction_static=0.05,
-    max_total_tokens=4096, disable_cuda_graph=True, skip_server_warmup=True)
+    device="cpu",
+    attention_backend="torch_native",
+    dtype="bfloat16",
+    mem_fraction_static=0.05,
+    max_total_tokens=4096,
+    disable_cuda_graph=True,
+    skip_server_warmup=True,
+)
 
 
 def sglang_environment() -> None:
@@ -65,6 +71,9 @@ def no_telemetry_failures(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     """Telemetry failures are swallowed (and logged once) by design; in tests they are bugs."""
     with caplog.at_level(logging.WARNING, logger="otel_rollout.telemetry"):
         yield
-    failures = [r.getMessage() for r in caplog.records
-                if r.name == "otel_rollout.telemetry" and r.levelno >= logging.WARNING]
+    failures = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "otel_rollout.telemetry" and r.levelno >= logging.WARNING
+    ]
     assert not failures, failures

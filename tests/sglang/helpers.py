@@ -13,8 +13,11 @@ TOLERANCE_NS = 1_000_000  # SGLang's wall conversion vs ours: both from the same
 
 
 def request_spans(otel: OTelHarness) -> list[Any]:
-    return [s for s in otel.finished_spans()
-            if s.attributes.get("gen_ai.provider.name") == "sglang" and s.name != BATCH_SPAN_NAME]
+    return [
+        s
+        for s in otel.finished_spans()
+        if s.attributes.get("gen_ai.provider.name") == "sglang" and s.name != BATCH_SPAN_NAME
+    ]
 
 
 def batch_spans(otel: OTelHarness) -> list[Any]:
@@ -35,7 +38,9 @@ def params(max_new_tokens: int, **extra: Any) -> dict[str, Any]:
 
 def assert_matches(span: Any, out: dict[str, Any], output_tokens: int) -> None:
     meta = out["meta_info"]
-    assert span.attributes["gen_ai.usage.output_tokens"] == output_tokens == meta["completion_tokens"]
+    assert (
+        span.attributes["gen_ai.usage.output_tokens"] == output_tokens == meta["completion_tokens"]
+    )
     assert span.attributes["gen_ai.usage.input_tokens"] == meta["prompt_tokens"]
     assert span.attributes["rollout.usage.cached_tokens"] == meta["cached_tokens"]
     assert span.attributes["gen_ai.response.finish_reasons"] == ("length",)

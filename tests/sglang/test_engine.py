@@ -18,8 +18,8 @@ from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 from otel_rollout import rollout_step
-from otel_rollout.sglang import adapter
 from otel_rollout.semconv import STEP_SPAN_NAME
+from otel_rollout.sglang import adapter
 from tests.conftest import OTelHarness
 from tests.sglang.conftest import start_engine
 from tests.sglang.helpers import (
@@ -47,8 +47,10 @@ def test_single_and_batch_nest_under_caller_and_step(otel: OTelHarness, engine: 
     lengths = [4, 9, 2, 16]
     with tracer.start_as_current_span("caller") as caller, rollout_step(1):
         single = engine.generate(prompt="def f():", sampling_params=params(5))
-        outs = engine.generate(prompt=[f"import m{i}" for i in range(len(lengths))],
-                               sampling_params=[params(n, temperature=0.5) for n in lengths])
+        outs = engine.generate(
+            prompt=[f"import m{i}" for i in range(len(lengths))],
+            sampling_params=[params(n, temperature=0.5) for n in lengths],
+        )
 
     spans = request_spans(otel)
     assert len(spans) == 1 + len(lengths)  # Engine → generate_request is counted once
@@ -62,7 +64,7 @@ def test_single_and_batch_nest_under_caller_and_step(otel: OTelHarness, engine: 
     span = by_id[single["meta_info"]["id"]]
     assert span.parent.span_id == step.context.span_id
     assert_matches(span, single, len(single["output_ids"]))
-    for out, n in zip(outs, lengths):
+    for out, n in zip(outs, lengths, strict=False):
         span = by_id[out["meta_info"]["id"]]
         assert span.parent.span_id == batch.context.span_id
         assert len(out["output_ids"]) == n
@@ -79,8 +81,11 @@ def test_single_and_batch_nest_under_caller_and_step(otel: OTelHarness, engine: 
     durations = otel.metric_points("gen_ai.server.request.duration")
     assert sum(p.count for p in durations) == len(spans)
     assert all(p.attributes["rollout.finish_reason"] == "length" for p in durations)
-    tokens = [p for p in otel.metric_points("gen_ai.client.token.usage")
-              if p.attributes["gen_ai.token.type"] == "output"]
+    tokens = [
+        p
+        for p in otel.metric_points("gen_ai.client.token.usage")
+        if p.attributes["gen_ai.token.type"] == "output"
+    ]
     assert sum(p.count for p in tokens) == len(spans)
     assert sum(p.sum for p in tokens) == 5 + sum(lengths)
     span_ids = {(s.context.trace_id, s.context.span_id) for s in spans}
@@ -100,7 +105,7 @@ def test_input_ids_batch_and_parallel_samples(otel: OTelHarness, engine: Any) ->
     assert len(by_id) == 4
     batches = batch_spans(otel)
     assert sorted(b.attributes["rollout.batch.size"] for b in batches) == [2, 2]
-    for out, prompt in zip(outs, ids):
+    for out, prompt in zip(outs, ids, strict=False):
         span = by_id[out["meta_info"]["id"]]
         assert span.attributes["gen_ai.usage.input_tokens"] == len(prompt)
         assert_matches(span, out, len(out["output_ids"]))
@@ -127,8 +132,9 @@ def test_sync_streams_single_and_batch(otel: OTelHarness, engine: Any) -> None:
 
     otel.reset()
     finals: dict[int, tuple[int, dict[str, Any]]] = {}
-    for chunk in engine.generate(prompt=["a = 1", "b = 2"], stream=True,
-                                 sampling_params=[params(3), params(7)]):
+    for chunk in engine.generate(
+        prompt=["a = 1", "b = 2"], stream=True, sampling_params=[params(3), params(7)]
+    ):
         finals[chunk["index"]] = (len(chunk["output_ids"]), chunk)
     by_id = spans_by_id(otel)
     (batch,) = batch_spans(otel)
@@ -146,15 +152,19 @@ def test_async_generate_single_gather_and_streams(otel: OTelHarness, engine: Any
     tracer = trace.get_tracer("test")
 
     async def run() -> tuple[list[Any], int, dict[int, int]]:
-        outs = await asyncio.gather(*(
-            engine.async_generate(prompt=f"x{i} =", rid=f"async-{i}", sampling_params=params(5))
-            for i in range(3)))
+        outs = await asyncio.gather(
+            *(
+                engine.async_generate(prompt=f"x{i} =", rid=f"async-{i}", sampling_params=params(5))
+                for i in range(3)
+            )
+        )
         stream = await engine.async_generate(prompt="y =", stream=True, sampling_params=params(4))
         streamed = 0
         async for chunk in stream:
             streamed = len(chunk["output_ids"])
-        batch = await engine.async_generate(prompt=["p", "q"], stream=True,
-                                            sampling_params=params(2))
+        batch = await engine.async_generate(
+            prompt=["p", "q"], stream=True, sampling_params=params(2)
+        )
         per_index: dict[int, int] = {}
         async for chunk in batch:
             per_index[chunk["index"]] = len(chunk["output_ids"])
@@ -200,7 +210,8 @@ def test_stream_early_exit_ends_span_once(otel: OTelHarness, engine: Any) -> Non
 
     async def cancel() -> None:
         task = asyncio.ensure_future(
-            engine.async_generate(prompt="c =", rid="cancelled", sampling_params=params(256)))
+            engine.async_generate(prompt="c =", rid="cancelled", sampling_params=params(256))
+        )
         await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -231,10 +242,16 @@ def test_server_path_generate_request(otel: OTelHarness, engine: Any) -> None:
     manager = engine.tokenizer_manager
     with tracer.start_as_current_span("caller") as caller:
         # verl's server adapter: one __anext__ on the generator, never exhausted.
-        one = engine.loop.run_until_complete(manager.generate_request(
-            GenerateReqInput(text="hello", sampling_params=params(3)), None).__anext__())
-        many = engine.loop.run_until_complete(manager.generate_request(
-            GenerateReqInput(text=["a", "b", "c"], sampling_params=params(2)), None).__anext__())
+        one = engine.loop.run_until_complete(
+            manager.generate_request(
+                GenerateReqInput(text="hello", sampling_params=params(3)), None
+            ).__anext__()
+        )
+        many = engine.loop.run_until_complete(
+            manager.generate_request(
+                GenerateReqInput(text=["a", "b", "c"], sampling_params=params(2)), None
+            ).__anext__()
+        )
 
     assert len(many) == 3
     by_id = spans_by_id(otel)
@@ -247,8 +264,9 @@ def test_server_path_generate_request(otel: OTelHarness, engine: Any) -> None:
     assert in_flight(otel) == 0
 
 
-def test_engine_errors_reach_the_caller_unchanged(otel: OTelHarness, engine: Any,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_engine_errors_reach_the_caller_unchanged(
+    otel: OTelHarness, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(ValueError, match="top_p"):
         engine.generate(prompt="x", sampling_params=params(3, top_p=5.0))
     (span,) = request_spans(otel)
@@ -285,7 +303,8 @@ def test_engine_errors_reach_the_caller_unchanged(otel: OTelHarness, engine: Any
 
 
 def test_trace_header_injected_only_where_sglang_reads_it(
-        otel: OTelHarness, engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    otel: OTelHarness, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from sglang.srt.managers.io_struct import GenerateReqInput
 
     tracer = trace.get_tracer("test")
@@ -304,8 +323,9 @@ def test_trace_header_injected_only_where_sglang_reads_it(
         injected = GenerateReqInput(text="a", sampling_params=params(1))
         run(injected)
         given = {"traceparent": f"00-{'1' * 32}-{'2' * 16}-01"}
-        kept = GenerateReqInput(text="a", sampling_params=params(1),
-                                external_trace_header=dict(given))
+        kept = GenerateReqInput(
+            text="a", sampling_params=params(1), external_trace_header=dict(given)
+        )
         run(kept)
     trace_id = format(caller.get_span_context().trace_id, "032x")
     span_id = format(caller.get_span_context().span_id, "016x")
@@ -314,15 +334,24 @@ def test_trace_header_injected_only_where_sglang_reads_it(
     assert len(request_spans(otel)) == 3
 
 
-def test_uninstrument_restores_originals(otel: OTelHarness, engine: Any, instrumented: Any,
-                                         monkeypatch: pytest.MonkeyPatch,
-                                         caplog: pytest.LogCaptureFixture) -> None:
-    import otel_rollout.instrumentation as shared_instrumentation
+def test_uninstrument_restores_originals(
+    otel: OTelHarness,
+    engine: Any,
+    instrumented: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     from sglang.srt.entrypoints.engine import Engine
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
-    names = [(Engine, "generate"), (Engine, "async_generate"), (Engine, "__init__"),
-             (TokenizerManager, "generate_request")]
+    import otel_rollout.instrumentation as shared_instrumentation
+
+    names = [
+        (Engine, "generate"),
+        (Engine, "async_generate"),
+        (Engine, "__init__"),
+        (TokenizerManager, "generate_request"),
+    ]
     originals = {name: vars(owner)[name].__wrapped__ for owner, name in names}
     instrumented.uninstrument()
     try:

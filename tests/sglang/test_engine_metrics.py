@@ -30,19 +30,22 @@ def _assert_engine_timeline(span: Any, meta: dict[str, Any]) -> None:
     (event,) = [e for e in span.events if e.name == "gen_ai.first_token"]
     assert event.timestamp == start + int(meta["first_token_latency"] * 1e9)
     assert span.attributes["rollout.request.time_to_first_token"] == pytest.approx(
-        meta["first_token_latency"], abs=1e-8)
+        meta["first_token_latency"], abs=1e-8
+    )
     queue = meta["forward_entry_time"] - meta["request_received_ts"]
     assert span.attributes["rollout.request.queue_time"] == pytest.approx(max(0.0, queue), abs=1e-6)
 
 
 def test_engine_timeline_batch_and_stream(otel: OTelHarness, engine_metrics: Any) -> None:
     lengths = [3, 12, 6]
-    outs = engine_metrics.generate(prompt=[f"q{i}" for i in range(3)],
-                                   sampling_params=[params(n) for n in lengths])
+    outs = engine_metrics.generate(
+        prompt=[f"q{i}" for i in range(3)], sampling_params=[params(n) for n in lengths]
+    )
 
     async def stream() -> tuple[int, dict[str, Any]]:
-        gen = await engine_metrics.async_generate(prompt="s =", stream=True,
-                                                  sampling_params=params(5))
+        gen = await engine_metrics.async_generate(
+            prompt="s =", stream=True, sampling_params=params(5)
+        )
         count, last = 0, {}
         async for chunk in gen:
             count, last = len(chunk["output_ids"]), chunk
@@ -52,7 +55,7 @@ def test_engine_timeline_batch_and_stream(otel: OTelHarness, engine_metrics: Any
 
     by_id = spans_by_id(otel)
     assert len(by_id) == 4
-    for out, n in zip(outs, lengths):
+    for out, n in zip(outs, lengths, strict=False):
         span = by_id[out["meta_info"]["id"]]
         assert_matches(span, out, n)
         _assert_engine_timeline(span, out["meta_info"])
@@ -60,8 +63,11 @@ def test_engine_timeline_batch_and_stream(otel: OTelHarness, engine_metrics: Any
     assert_matches(span, last, streamed)
     _assert_engine_timeline(span, last["meta_info"])
 
-    for name in ("rollout.request.queue_time", "gen_ai.server.time_to_first_token",
-                 "gen_ai.server.request.duration"):
+    for name in (
+        "rollout.request.queue_time",
+        "gen_ai.server.time_to_first_token",
+        "gen_ai.server.request.duration",
+    ):
         assert sum(p.count for p in otel.metric_points(name)) == 4, name
     tpot = otel.metric_points("gen_ai.server.time_per_output_token")
     assert sum(p.count for p in tpot) == 4

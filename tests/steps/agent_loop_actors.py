@@ -29,8 +29,11 @@ class ServerActor:
         async for output in self.engine.generate(prompt, params, request_id=uuid.uuid4().hex):
             final = output
         assert final is not None
-        return {"request_id": final.request_id, "tokens": len(final.outputs[0].token_ids),
-                "pid": os.getpid()}
+        return {
+            "request_id": final.request_id,
+            "tokens": len(final.outputs[0].token_ids),
+            "pid": os.getpid(),
+        }
 
     def pid(self) -> int:
         return os.getpid()

@@ -54,7 +54,7 @@ def expected(requests: Sequence[Request], tail_quantile: float = 0.9) -> Expecte
     # counted directly (no event sweep): a request is in flight on [start, end).
     stamps = sorted({r.start_ns for r in requests} | {r.end_ns for r in requests})
     intervals = []
-    for left, right in zip(stamps, stamps[1:]):
+    for left, right in zip(stamps, stamps[1:], strict=False):
         active = sum(1 for r in requests if r.start_ns <= left < r.end_ns)
         intervals.append((right - left, active))
     peak = max(active for _, active in intervals)

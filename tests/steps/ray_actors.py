@@ -25,10 +25,12 @@ class RolloutActor:
 
         from otel_rollout.vllm import VLLMInstrumentor
 
-        return {"pid": os.getpid(),
-                "tracer_provider": type(trace.get_tracer_provider()).__name__,
-                "instrumented": VLLMInstrumentor().is_instrumented_by_opentelemetry,
-                "endpoint": os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")}
+        return {
+            "pid": os.getpid(),
+            "tracer_provider": type(trace.get_tracer_provider()).__name__,
+            "instrumented": VLLMInstrumentor().is_instrumented_by_opentelemetry,
+            "endpoint": os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+        }
 
     @receives_context
     def generate(self, lengths: list[int], tag: str) -> list[int]:

@@ -28,7 +28,10 @@ def main(model: str, kill_worker_in_step: int | None) -> None:
         lengths = long_tail_lengths(12, seed=step, high=96)
         halves = [lengths[:6], lengths[6:]]
         with rollout_step(step) as scope:
-            refs = [w.run.remote(f"s{step}w{k}", half) for k, (w, half) in enumerate(zip(workers, halves))]
+            refs = [
+                w.run.remote(f"s{step}w{k}", half)
+                for k, (w, half) in enumerate(zip(workers, halves, strict=False))
+            ]
             if step == kill_worker_in_step:
                 ray.kill(workers[1])
             done: list[dict[str, object]] = []
@@ -38,10 +41,18 @@ def main(model: str, kill_worker_in_step: int | None) -> None:
                 except ray.exceptions.RayActorError:
                     pass  # the framework goes on without the dead worker's samples
         stats = scope.stats
-        print(json.dumps({"step": step, "results": done, "partial": scope.partial,
-                          "requests": stats.requests if stats else 0,
-                          "tail_duration_s": stats.tail_duration_s if stats else None}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    "step": step,
+                    "results": done,
+                    "partial": scope.partial,
+                    "requests": stats.requests if stats else 0,
+                    "tail_duration_s": stats.tail_duration_s if stats else None,
+                }
+            ),
+            flush=True,
+        )
     ray.shutdown()
 
 

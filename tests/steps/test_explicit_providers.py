@@ -16,14 +16,23 @@ pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_step_and_request_telemetry_use_the_given_providers(tiny_model: str,
-                                                           vllm_module: Any) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+def test_step_and_request_telemetry_use_the_given_providers(
+    tiny_model: str, vllm_module: Any
+) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
     for name in [k for k in env if k.startswith("OTEL_")]:
         env.pop(name)
-    out = subprocess.run([sys.executable, str(Path(__file__).with_name("explicit_providers_job.py")),
-                          tiny_model], env=env, capture_output=True, text=True, timeout=300,
-                         cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("explicit_providers_job.py")), tiny_model],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     (line,) = [x for x in out.stdout.splitlines() if x.startswith("{")]
     seen = json.loads(line)

@@ -13,9 +13,9 @@ import pytest
 
 from otel_rollout import rollout_step
 from otel_rollout.ray import SETUP_HOOK, inject_context, runtime_env
-from tests.conftest import OTelHarness
 from testkit.engines import VLLM_ENV, VLLM_KWARGS, long_tail_lengths
 from testkit.otlp_receiver import OTLPReceiver, attr
+from tests.conftest import OTelHarness
 
 pytestmark = pytest.mark.vllm
 
@@ -38,16 +38,22 @@ def run_step(ray: Any, otel: OTelHarness, tiny_model: str, step: int) -> tuple[A
     lengths = long_tail_lengths(8, seed=step, high=96)
     with rollout_step(step):
         carrier = inject_context()
-        counts = ray.get([a.generate.remote(lengths, f"actor{k}", otel_context=carrier)
-                          for k, a in enumerate(actors)], timeout=120)
+        counts = ray.get(
+            [
+                a.generate.remote(lengths, f"actor{k}", otel_context=carrier)
+                for k, a in enumerate(actors)
+            ],
+            timeout=120,
+        )
     assert all(ray.get([a.flush.remote() for a in actors], timeout=60))
     (step_span,) = [s for s in otel.finished_spans() if s.name == "rollout.step"]
     assert counts == [lengths, lengths]
     return step_span, lengths
 
 
-def assert_one_trace(receiver: OTLPReceiver, step_span: Any, lengths: list[int], step: int,
-                     service: str | None) -> None:
+def assert_one_trace(
+    receiver: OTLPReceiver, step_span: Any, lengths: list[int], step: int, service: str | None
+) -> None:
     def request_spans(r: OTLPReceiver) -> list[Any]:
         return [s for s in r.spans() if s.name.startswith("text_completion")]
 
@@ -66,16 +72,21 @@ def assert_one_trace(receiver: OTLPReceiver, step_span: Any, lengths: list[int],
     assert {r.parent_span_id for r in requests} == {b.span_id for b in batches}
     assert all(attr(r.attributes, "rollout.step") == step for r in requests)
     assert sorted(attr(r.attributes, "gen_ai.usage.output_tokens") for r in requests) == sorted(
-        lengths * 2)
+        lengths * 2
+    )
     resources = [rs.resource for req in receiver.trace_requests for rs in req.resource_spans]
     assert len({attr(res.attributes, "process.pid") for res in resources}) == 2  # two actors
     if service is not None:
         assert {attr(res.attributes, "service.name") for res in resources} == {service}
 
 
-def test_runtime_env_configures_actors(ray_module: Any, otel: OTelHarness, tiny_model: str,
-                                       otlp_receiver: OTLPReceiver,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_runtime_env_configures_actors(
+    ray_module: Any,
+    otel: OTelHarness,
+    tiny_model: str,
+    otlp_receiver: OTLPReceiver,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Settings reach the workers only through runtime_env: the driver's environment is cleaned
     of them before the cluster starts, as on a multi-node cluster where nothing is inherited."""
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_receiver.grpc_endpoint)
@@ -83,13 +94,18 @@ def test_runtime_env_configures_actors(ray_module: Any, otel: OTelHarness, tiny_
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
     # The driver names itself; copied as is, every worker would claim the same identity and
     # their series would collide in the Collector's Prometheus exporter.
-    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES",
-                       "service.instance.id=driver,deployment.environment=x")
+    monkeypatch.setenv(
+        "OTEL_RESOURCE_ATTRIBUTES", "service.instance.id=driver,deployment.environment=x"
+    )
     env = runtime_env({"env_vars": dict(VLLM_ENV)})
     assert env["env_vars"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == otlp_receiver.grpc_endpoint
     assert env["worker_process_setup_hook"] == SETUP_HOOK
-    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME", "OTEL_BSP_SCHEDULE_DELAY",
-                 "OTEL_RESOURCE_ATTRIBUTES"):
+    for name in (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_SERVICE_NAME",
+        "OTEL_BSP_SCHEDULE_DELAY",
+        "OTEL_RESOURCE_ATTRIBUTES",
+    ):
         monkeypatch.delenv(name)
     ray_module.init(num_cpus=2, include_dashboard=False, runtime_env=env)
     step_span, lengths = run_step(ray_module, otel, tiny_model, step=21)
@@ -103,9 +119,13 @@ def test_runtime_env_configures_actors(ray_module: Any, otel: OTelHarness, tiny_
     assert {attr(res.attributes, "deployment.environment") for res in resources} == {"x"}
 
 
-def test_inherited_environment_configures_actors(ray_module: Any, otel: OTelHarness,
-                                                 tiny_model: str, otlp_receiver: OTLPReceiver,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_inherited_environment_configures_actors(
+    ray_module: Any,
+    otel: OTelHarness,
+    tiny_model: str,
+    otlp_receiver: OTLPReceiver,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A local cluster: workers inherit the driver's OTEL_* environment; only the hook is passed."""
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_receiver.grpc_endpoint)
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")

@@ -14,9 +14,9 @@ import pytest
 
 from otel_rollout import rollout_step
 from otel_rollout.cli import main as cli_main
+from testkit.engines import long_tail_lengths
 from tests.conftest import OTelHarness
 from tests.steps.expected import Request, expected
-from testkit.engines import long_tail_lengths
 
 pytestmark = pytest.mark.vllm
 
@@ -34,7 +34,9 @@ def params_mix(vllm: Any, lengths: Sequence[int]) -> list[Any]:
     out = []
     for i, n in enumerate(lengths):
         if i % 5 == 2:
-            out.append(vllm.SamplingParams(max_tokens=n + 64, min_tokens=n, stop_token_ids=stop_ids))
+            out.append(
+                vllm.SamplingParams(max_tokens=n + 64, min_tokens=n, stop_token_ids=stop_ids)
+            )
         else:
             out.append(vllm.SamplingParams(max_tokens=n, ignore_eos=True))
     return out
@@ -53,18 +55,24 @@ def span_tree(spans: Sequence[Any]) -> tuple[list[Any], dict[int, Any], list[Any
 
 def as_request(span: Any) -> Request:
     reasons = span.attributes.get("gen_ai.response.finish_reasons") or ["?"]
-    return Request(span.start_time, span.end_time,
-                   int(span.attributes["gen_ai.usage.output_tokens"]), reasons[0])
+    return Request(
+        span.start_time,
+        span.end_time,
+        int(span.attributes["gen_ai.usage.output_tokens"]),
+        reasons[0],
+    )
 
 
 def requests_of(step_span: Any, spans: Sequence[Any]) -> list[Any]:
     _, batches, requests = span_tree(spans)
-    return [r for r in requests
-            if batches[r.parent.span_id].parent.span_id == step_span.context.span_id]
+    return [
+        r for r in requests if batches[r.parent.span_id].parent.span_id == step_span.context.span_id
+    ]
 
 
-def test_long_tail_steps_match_independent_analytics(otel: OTelHarness, llm: Any,
-                                                      vllm_module: Any) -> None:
+def test_long_tail_steps_match_independent_analytics(
+    otel: OTelHarness, llm: Any, vllm_module: Any
+) -> None:
     per_step = {}
     for step in (1, 2):
         lengths = long_tail_lengths(24, seed=step, high=192)
@@ -87,7 +95,8 @@ def test_long_tail_steps_match_independent_analytics(otel: OTelHarness, llm: Any
         reqs = [as_request(r) for r in mine]
         # The long-tail mix really happened: exact lengths for the truncated ones, some stops.
         assert sorted(r.output_tokens for r in reqs if r.finish_reason == "length") == sorted(
-            n for i, n in enumerate(lengths) if i % 5 != 2)
+            n for i, n in enumerate(lengths) if i % 5 != 2
+        )
         assert {r.finish_reason for r in reqs} == {"length", "stop"}
         exp = expected(reqs, tail_quantile=0.9)
         expectations[step] = exp
@@ -109,20 +118,25 @@ def test_long_tail_steps_match_independent_analytics(otel: OTelHarness, llm: Any
         assert exp.tail_duration_s > 0 and exp.straggler_ratio > 1  # a real tail, not a tie
 
     def one(name: str, **attrs: Any) -> Any:
-        points = [p for p in otel.metric_points(name)
-                  if all(p.attributes.get(k) == v for k, v in attrs.items())]
+        points = [
+            p
+            for p in otel.metric_points(name)
+            if all(p.attributes.get(k) == v for k, v in attrs.items())
+        ]
         assert len(points) == 1, (name, points)
         assert points[0].count == 2  # one point per step
         return points[0]
 
     both = list(expectations.values())
-    for metric, field in (("rollout.step.tail.duration", "tail_duration_s"),
-                          ("rollout.step.tail.requests", "tail_requests"),
-                          ("rollout.step.straggler_ratio", "straggler_ratio"),
-                          ("rollout.step.idle_capacity", "idle_capacity_s"),
-                          ("rollout.step.idle_fraction", "idle_fraction"),
-                          ("rollout.step.truncation_ratio", "truncation_ratio"),
-                          ("rollout.step.requests", "requests")):
+    for metric, field in (
+        ("rollout.step.tail.duration", "tail_duration_s"),
+        ("rollout.step.tail.requests", "tail_requests"),
+        ("rollout.step.straggler_ratio", "straggler_ratio"),
+        ("rollout.step.idle_capacity", "idle_capacity_s"),
+        ("rollout.step.idle_fraction", "idle_fraction"),
+        ("rollout.step.truncation_ratio", "truncation_ratio"),
+        ("rollout.step.requests", "requests"),
+    ):
         point = one(metric)
         assert point.sum == pytest.approx(sum(getattr(e, field) for e in both), rel=1e-9), metric
         assert point.attributes["gen_ai.provider.name"] == "vllm"
@@ -142,7 +156,9 @@ def test_async_tasks_nest_under_the_step(otel: OTelHarness, llm: Any, vllm_modul
 
     async def task(i: int) -> int:
         await asyncio.sleep(0.01 * i)
-        outs = await asyncio.to_thread(generate, f"t{i}", long_tail_lengths(6, seed=10 + i, high=64))
+        outs = await asyncio.to_thread(
+            generate, f"t{i}", long_tail_lengths(6, seed=10 + i, high=64)
+        )
         return len(outs)
 
     async def rollout() -> int:
@@ -163,12 +179,17 @@ def test_async_tasks_nest_under_the_step(otel: OTelHarness, llm: Any, vllm_modul
     assert step_span.attributes["rollout.step.requests"] == 24
     exp = expected([as_request(r) for r in requests])
     assert step_span.attributes["rollout.step.tail.duration_s"] == pytest.approx(
-        exp.tail_duration_s, abs=1e-9)
+        exp.tail_duration_s, abs=1e-9
+    )
 
 
-def test_batch_as_step_makes_unwrapped_batches_steps(otel: OTelHarness, llm: Any,
-                                                     vllm_module: Any, instrumented: Any,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_batch_as_step_makes_unwrapped_batches_steps(
+    otel: OTelHarness,
+    llm: Any,
+    vllm_module: Any,
+    instrumented: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # The setting is read when the instrumentor builds its Telemetry, so instrument again with it.
     instrumented.uninstrument()
     monkeypatch.setenv("OTEL_ROLLOUT_BATCH_AS_STEP", "1")
@@ -187,7 +208,7 @@ def test_batch_as_step_makes_unwrapped_batches_steps(otel: OTelHarness, llm: Any
     spans = otel.finished_spans()
     steps, batches, requests = span_tree(spans)
     assert [s.attributes[STEP] for s in steps] == [1, 2, 40]
-    for step_span, n in zip(steps, (8, 8, 3)):
+    for step_span, n in zip(steps, (8, 8, 3), strict=False):
         mine = requests_of(step_span, spans)
         assert len(mine) == n
         assert step_span.attributes["rollout.step.requests"] == n
@@ -205,9 +226,14 @@ def nonblank_png(path: Path) -> None:
     assert rgb.std() > 0.05 and 0.02 < non_white < 0.9, (rgb.std(), non_white)
 
 
-def test_summary_png_and_cli_report(otel: OTelHarness, llm: Any, vllm_module: Any,
-                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_summary_png_and_cli_report(
+    otel: OTelHarness,
+    llm: Any,
+    vllm_module: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     reports, log = tmp_path / "live", tmp_path / "steps.jsonl"
     monkeypatch.setenv("OTEL_ROLLOUT_STEP_SUMMARY", "1")
     monkeypatch.setenv("OTEL_ROLLOUT_REPORT_DIR", str(reports))

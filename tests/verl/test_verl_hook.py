@@ -44,7 +44,8 @@ def manager_class(verl_module: Any) -> type:
             return prompts
 
     Manager.generate_sequences = wrapt.FunctionWrapper(  # type: ignore[method-assign]
-        Manager.__dict__["generate_sequences"], hook.generate_sequences_wrapper)
+        Manager.__dict__["generate_sequences"], hook.generate_sequences_wrapper
+    )
     return Manager
 
 
@@ -52,16 +53,18 @@ def batch(**meta: Any) -> Any:
     import numpy as np
     from verl.protocol import DataProto
 
-    return DataProto.from_single_dict({"raw_prompt": np.array(["a", "b"], dtype=object)},
-                                      meta_info=dict(meta))
+    return DataProto.from_single_dict(
+        {"raw_prompt": np.array(["a", "b"], dtype=object)}, meta_info=dict(meta)
+    )
 
 
 def steps(otel: OTelHarness) -> list[Any]:
     return [s for s in otel.finished_spans() if s.name == "rollout.step"]
 
 
-def test_sync_caller_gets_the_result_inside_the_step(otel: OTelHarness,
-                                                     manager_class: type) -> None:
+def test_sync_caller_gets_the_result_inside_the_step(
+    otel: OTelHarness, manager_class: type
+) -> None:
     prompts = batch(global_steps=7)
     result = manager_class().generate_sequences(prompts)
     assert result is prompts and result.meta_info["seen_step"] == 7
@@ -83,8 +86,7 @@ def test_async_caller_still_gets_an_awaitable(otel: OTelHarness, manager_class: 
     assert span.attributes["rollout.step"] == 8 and span.attributes["rollout.step.validate"]
 
 
-def test_sync_call_from_a_running_loop_still_blocks(otel: OTelHarness,
-                                                    manager_class: type) -> None:
+def test_sync_call_from_a_running_loop_still_blocks(otel: OTelHarness, manager_class: type) -> None:
     """verl's third case: a sync function called on a running loop gets the result."""
     prompts = batch(global_steps=9)
 
@@ -98,10 +100,19 @@ def test_sync_call_from_a_running_loop_still_blocks(otel: OTelHarness,
     assert [s.attributes["rollout.step"] for s in steps(otel)] == [9]
 
 
-@pytest.mark.parametrize("meta", [{}, {"global_steps": None}, {"global_steps": "3"},
-                                  {"global_steps": 2.5}, {"global_steps": True}])
-def test_no_step_number_no_step(otel: OTelHarness, manager_class: type,
-                                meta: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {},
+        {"global_steps": None},
+        {"global_steps": "3"},
+        {"global_steps": 2.5},
+        {"global_steps": True},
+    ],
+)
+def test_no_step_number_no_step(
+    otel: OTelHarness, manager_class: type, meta: dict[str, Any]
+) -> None:
     prompts = batch(**meta)
     assert manager_class().generate_sequences(prompts) is prompts
     assert prompts.meta_info["seen_step"] is None and steps(otel) == []
@@ -114,8 +125,9 @@ def test_callers_own_step_is_kept(otel: OTelHarness, manager_class: type) -> Non
     assert [s.attributes["rollout.step"] for s in steps(otel)] == [40]
 
 
-def test_verl_exception_passes_through_and_ends_the_step(otel: OTelHarness,
-                                                         manager_class: type) -> None:
+def test_verl_exception_passes_through_and_ends_the_step(
+    otel: OTelHarness, manager_class: type
+) -> None:
     with pytest.raises(VerlError, match="verl failed"):
         manager_class().generate_sequences(batch(global_steps=5, fail=True))
 
@@ -124,13 +136,16 @@ def test_verl_exception_passes_through_and_ends_the_step(otel: OTelHarness,
 
     with pytest.raises(VerlError, match="verl failed"):
         asyncio.run(trainer())
-    assert sorted((s.attributes["rollout.step"], s.attributes["error.type"])
-                  for s in steps(otel)) == [(5, "VerlError"), (6, "VerlError")]
+    assert sorted(
+        (s.attributes["rollout.step"], s.attributes["error.type"]) for s in steps(otel)
+    ) == [(5, "VerlError"), (6, "VerlError")]
 
 
-def test_our_failure_leaves_verls_call_alone(otel: OTelHarness, manager_class: type,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_our_failure_leaves_verls_call_alone(
+    otel: OTelHarness, manager_class: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """FAKE FAULT: rollout_step replaced by one that raises (no real input makes ours fail)."""
+
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise ZeroDivisionError("ours")
 

@@ -41,41 +41,65 @@ BATCH = 8
 def job_env(endpoint: str) -> dict[str, str]:
     """The job's environment: OTel settings only through OTEL_* variables, as a user sets them."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update({
-        "PYTHONPATH": str(REPO),
-        "OTEL_SERVICE_NAME": "verl-job",
-        "OTEL_TRACES_EXPORTER": "otlp",
-        "OTEL_METRICS_EXPORTER": "none",
-        "OTEL_LOGS_EXPORTER": "none",
-        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-        "OTEL_BSP_SCHEDULE_DELAY": "200",
-        # process.pid on each exporter's resource: which process sent which span.
-        "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS": "otel,process",
-        # The CPU engine's fast settings (testkit.engines); no in-process engine here: verl's
-        # server actor starts AsyncLLM, which runs its engine core in a child process anyway.
-        **{k: v for k, v in VLLM_ENV.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"},
-    })
+    env.update(
+        {
+            "PYTHONPATH": str(REPO),
+            "OTEL_SERVICE_NAME": "verl-job",
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+            # process.pid on each exporter's resource: which process sent which span.
+            "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS": "otel,process",
+            # The CPU engine's fast settings (testkit.engines); no in-process engine here: verl's
+            # server actor starts AsyncLLM, which runs its engine core in a child process anyway.
+            **{k: v for k, v in VLLM_ENV.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"},
+        }
+    )
     return env
 
 
 @pytest.fixture(scope="module")
-def verl_run(verl_module: Any, tiny_model: str, module_receiver: OTLPReceiver,
-             tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def verl_run(
+    verl_module: Any,
+    tiny_model: str,
+    module_receiver: OTLPReceiver,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Any]:
     """One run of the job under opentelemetry-instrument; returns what verl itself reported."""
     out = tmp_path_factory.mktemp("verl") / "job.json"
-    command = [str(Path(sys.executable).parent / "opentelemetry-instrument"), sys.executable,
-               str(JOB), "--model", tiny_model, "--steps", str(STEPS), "--batch", str(BATCH),
-               "--out", str(out)]
+    command = [
+        str(Path(sys.executable).parent / "opentelemetry-instrument"),
+        sys.executable,
+        str(JOB),
+        "--model",
+        tiny_model,
+        "--steps",
+        str(STEPS),
+        "--batch",
+        str(BATCH),
+        "--out",
+        str(out),
+    ]
     started = time.monotonic()
-    proc = subprocess.run(command, env=job_env(module_receiver.grpc_endpoint), cwd=REPO,
-                          capture_output=True, text=True, timeout=540, stdin=subprocess.DEVNULL,
-                          check=False)
+    proc = subprocess.run(
+        command,
+        env=job_env(module_receiver.grpc_endpoint),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-6000:]
     truth: dict[str, Any] = json.loads(out.read_text())
     truth["job_wall_s"] = round(time.monotonic() - started, 1)
     samples = sum(s["samples"] for s in truth["steps"])
-    module_receiver.wait_for(lambda r: len(request_spans(r)) >= samples
-                             and len(step_spans(r)) >= STEPS, timeout=30)
+    module_receiver.wait_for(
+        lambda r: len(request_spans(r)) >= samples and len(step_spans(r)) >= STEPS, timeout=30
+    )
     print("verl job:", json.dumps(truth), file=sys.stderr)
     for pid, names in exporters(module_receiver).items():
         print(f"spans from pid {pid}: {dict(names)}", file=sys.stderr)
@@ -97,12 +121,14 @@ def step_spans(receiver: OTLPReceiver) -> list[Any]:
 
 
 def request_spans(receiver: OTLPReceiver) -> list[Any]:
-    return [s for s in receiver.spans()
-            if attr(s.attributes, "gen_ai.usage.output_tokens") is not None]
+    return [
+        s for s in receiver.spans() if attr(s.attributes, "gen_ai.usage.output_tokens") is not None
+    ]
 
 
-def test_verl_steps_and_requests_are_exported(verl_run: dict[str, Any],
-                                              module_receiver: OTLPReceiver) -> None:
+def test_verl_steps_and_requests_are_exported(
+    verl_run: dict[str, Any], module_receiver: OTLPReceiver
+) -> None:
     steps = verl_run["steps"]
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
     assert all(s["samples"] == BATCH for s in steps)
@@ -116,23 +142,35 @@ def test_verl_steps_and_requests_are_exported(verl_run: dict[str, Any],
     # One step span per generate_sequences call, numbered by verl's global_steps, from the driver.
     spans = step_spans(module_receiver)
     assert sorted(attr(s.attributes, "rollout.step") for s in spans) == list(range(1, STEPS + 1))
-    driver = [rs for req in module_receiver.trace_requests for rs in req.resource_spans
-              if any(s.name == "rollout.step" for ss in rs.scope_spans for s in ss.spans)]
+    driver = [
+        rs
+        for req in module_receiver.trace_requests
+        for rs in req.resource_spans
+        if any(s.name == "rollout.step" for ss in rs.scope_spans for s in ss.spans)
+    ]
     assert {attr(rs.resource.attributes, "process.pid") for rs in driver} == {verl_run["pid"]}
 
     # One request span per sample, exported by the vLLM server actor, with verl's lengths.
     requests = request_spans(module_receiver)
     assert Counter(attr(s.attributes, "gen_ai.usage.output_tokens") for s in requests) == Counter(
-        lengths)
-    server = {attr(rs.resource.attributes, "process.pid")
-              for req in module_receiver.trace_requests for rs in req.resource_spans
-              if any(attr(s.attributes, "gen_ai.usage.output_tokens") is not None
-                     for ss in rs.scope_spans for s in ss.spans)}
+        lengths
+    )
+    server = {
+        attr(rs.resource.attributes, "process.pid")
+        for req in module_receiver.trace_requests
+        for rs in req.resource_spans
+        if any(
+            attr(s.attributes, "gen_ai.usage.output_tokens") is not None
+            for ss in rs.scope_spans
+            for s in ss.spans
+        )
+    }
     assert len(server) == 1 and verl_run["pid"] not in server
 
 
-def test_verl_requests_join_their_step(verl_run: dict[str, Any],
-                                       module_receiver: OTLPReceiver) -> None:
+def test_verl_requests_join_their_step(
+    verl_run: dict[str, Any], module_receiver: OTLPReceiver
+) -> None:
     steps = {attr(s.attributes, "rollout.step"): s for s in step_spans(module_receiver)}
     samples = {s["step"]: s["samples"] for s in verl_run["steps"]}
     tokens = {s["step"]: Counter(s["response_tokens"]) for s in verl_run["steps"]}
@@ -142,6 +180,8 @@ def test_verl_requests_join_their_step(verl_run: dict[str, Any],
     assert sorted(by_step) == sorted(samples)
     for number, step in steps.items():
         assert all(r.trace_id == step.trace_id for r in by_step[number])
-        assert Counter(attr(r.attributes, "gen_ai.usage.output_tokens")
-                       for r in by_step[number]) == tokens[number]
+        assert (
+            Counter(attr(r.attributes, "gen_ai.usage.output_tokens") for r in by_step[number])
+            == tokens[number]
+        )
         assert attr(step.attributes, "rollout.step.requests") == samples[number]

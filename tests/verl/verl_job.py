@@ -45,10 +45,10 @@ def compose_config(model: str, num_workers: int) -> Any:
         f"{rollout}.nnodes=1",
         f"{rollout}.n_gpus_per_node=1",
         f"{rollout}.tensor_model_parallel_size=1",
-        f"{rollout}.load_format=auto",          # the default (dummy) expects weights pushed by a trainer
+        f"{rollout}.load_format=auto",  # the default (dummy) expects weights pushed by a trainer
         f"+{rollout}.enable_sleep_mode=False",  # sleep mode needs CUDA (a dataclass field, not in the yaml)
         f"{rollout}.free_cache_engine=False",
-        f"{rollout}.enforce_eager=True",        # CPU: no graph compilation at start
+        f"{rollout}.enforce_eager=True",  # CPU: no graph compilation at start
         f"{rollout}.agent.num_workers={num_workers}",
         f"{rollout}.prompt_length={PROMPT_LENGTH}",
         f"{rollout}.response_length={RESPONSE_LENGTH}",
@@ -117,31 +117,39 @@ def main() -> int:
         "pid": os.getpid(),
         "server_start_s": round(t_servers - t0, 3),
         "agent_workers_start_s": round(t_ready - t_servers, 3),
-        "response_length": RESPONSE_LENGTH, "prompt_length": PROMPT_LENGTH,
-        "max_model_len": MAX_MODEL_LEN, "steps": [],
+        "response_length": RESPONSE_LENGTH,
+        "prompt_length": PROMPT_LENGTH,
+        "max_model_len": MAX_MODEL_LEN,
+        "steps": [],
     }
     for step in range(1, args.steps + 1):
         wanted = step_lengths(step, args.batch)
-        prompts = [prompt_for(tokenizer, MAX_MODEL_LEN - w if w < RESPONSE_LENGTH else 16)
-                   for w in wanted]
+        prompts = [
+            prompt_for(tokenizer, MAX_MODEL_LEN - w if w < RESPONSE_LENGTH else 16) for w in wanted
+        ]
         raw = np.empty(len(prompts), dtype=object)
         raw[:] = [np.array(p, dtype=object) for p in prompts]
-        batch = DataProto.from_single_dict({
-            "raw_prompt": raw,
-            "agent_name": np.array(["single_turn_agent"] * len(prompts), dtype=object),
-        }, meta_info={"global_steps": step})
+        batch = DataProto.from_single_dict(
+            {
+                "raw_prompt": raw,
+                "agent_name": np.array(["single_turn_agent"] * len(prompts), dtype=object),
+            },
+            meta_info={"global_steps": step},
+        )
         t = time.monotonic()
         out = manager.generate_sequences(batch)
         wall = time.monotonic() - t
         prompt_width = out.batch["prompts"].shape[1]
         attention = out.batch["attention_mask"]
-        result["steps"].append({
-            "step": step,
-            "samples": len(out),
-            "wall_s": round(wall, 3),
-            "prompt_tokens": attention[:, :prompt_width].sum(-1).tolist(),
-            "response_tokens": out.batch["response_mask"].sum(-1).tolist(),
-        })
+        result["steps"].append(
+            {
+                "step": step,
+                "samples": len(out),
+                "wall_s": round(wall, 3),
+                "prompt_tokens": attention[:, :prompt_width].sum(-1).tolist(),
+                "response_tokens": out.batch["response_mask"].sum(-1).tolist(),
+            }
+        )
     result["total_s"] = round(time.monotonic() - t0, 3)
     text = json.dumps(result)
     if args.out:

@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import OTelHarness, require_module
 from testkit.engines import VLLM_KWARGS, vllm_environment
+from tests.conftest import OTelHarness, require_module
 
 
 @pytest.fixture(scope="session")

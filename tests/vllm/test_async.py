@@ -11,8 +11,8 @@ from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 from otel_rollout import rollout_step
-from tests.conftest import OTelHarness
 from testkit.engines import VLLM_KWARGS, shutdown_async_llm
+from tests.conftest import OTelHarness
 
 pytestmark = pytest.mark.vllm
 
@@ -25,8 +25,9 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 
 @pytest.fixture(scope="module")
-def engine(vllm_module: Any, tiny_model: str, instrumented: Any, llm: Any,
-           loop: asyncio.AbstractEventLoop) -> Iterator[Any]:
+def engine(
+    vllm_module: Any, tiny_model: str, instrumented: Any, llm: Any, loop: asyncio.AbstractEventLoop
+) -> Iterator[Any]:
     """Depends on ``llm`` only so that it is torn down first (see shutdown_async_llm)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -56,16 +57,18 @@ async def _consume(engine: Any, vllm_module: Any, rid: str, n: int) -> tuple[int
     return chunks, tokens
 
 
-def test_concurrent_streams_one_span_each(otel: OTelHarness, engine: Any, vllm_module: Any,
-                                          loop: asyncio.AbstractEventLoop) -> None:
+def test_concurrent_streams_one_span_each(
+    otel: OTelHarness, engine: Any, vllm_module: Any, loop: asyncio.AbstractEventLoop
+) -> None:
     lengths = {f"req-{i}": 4 + 7 * i for i in range(10)}
     tracer = trace.get_tracer("test")
 
     async def run() -> list[tuple[int, int]]:
         with tracer.start_as_current_span("trainer"):
             async with rollout_step(3):
-                return await asyncio.gather(*(_consume(engine, vllm_module, rid, n)
-                                              for rid, n in lengths.items()))
+                return await asyncio.gather(
+                    *(_consume(engine, vllm_module, rid, n) for rid, n in lengths.items())
+                )
 
     results = loop.run_until_complete(run())
     assert [tokens for _, tokens in results] == list(lengths.values())
@@ -88,8 +91,9 @@ def test_concurrent_streams_one_span_each(otel: OTelHarness, engine: Any, vllm_m
     assert _active(otel) == 0
 
 
-def test_early_break_and_aclose_end_span_once(otel: OTelHarness, engine: Any, vllm_module: Any,
-                                              loop: asyncio.AbstractEventLoop) -> None:
+def test_early_break_and_aclose_end_span_once(
+    otel: OTelHarness, engine: Any, vllm_module: Any, loop: asyncio.AbstractEventLoop
+) -> None:
     params = vllm_module.SamplingParams(max_tokens=200, ignore_eos=True)
 
     async def run() -> None:
@@ -115,8 +119,9 @@ def test_early_break_and_aclose_end_span_once(otel: OTelHarness, engine: Any, vl
     assert _active(otel) == 0
 
 
-def test_cancel_and_engine_abort(otel: OTelHarness, engine: Any, vllm_module: Any,
-                                 loop: asyncio.AbstractEventLoop) -> None:
+def test_cancel_and_engine_abort(
+    otel: OTelHarness, engine: Any, vllm_module: Any, loop: asyncio.AbstractEventLoop
+) -> None:
     params = vllm_module.SamplingParams(max_tokens=500, ignore_eos=True)
 
     async def consume(rid: str, started: asyncio.Event) -> int:
@@ -153,8 +158,9 @@ def test_cancel_and_engine_abort(otel: OTelHarness, engine: Any, vllm_module: An
     assert _active(otel) == 0
 
 
-def test_engine_error_reaches_caller_unmodified(otel: OTelHarness, engine: Any, vllm_module: Any,
-                                                loop: asyncio.AbstractEventLoop) -> None:
+def test_engine_error_reaches_caller_unmodified(
+    otel: OTelHarness, engine: Any, vllm_module: Any, loop: asyncio.AbstractEventLoop
+) -> None:
     params = vllm_module.SamplingParams(max_tokens=4)
 
     async def run() -> BaseException:

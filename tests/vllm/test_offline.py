@@ -10,15 +10,18 @@ from opentelemetry.trace import StatusCode
 
 from otel_rollout import rollout_step
 from otel_rollout.semconv import BATCH_SPAN_NAME
-from tests.conftest import OTelHarness
 from testkit.engines import long_tail_lengths
+from tests.conftest import OTelHarness
 
 pytestmark = pytest.mark.vllm
 
 
 def _request_spans(otel: OTelHarness) -> list[Any]:
-    return [s for s in otel.finished_spans() if s.attributes.get("gen_ai.provider.name") == "vllm"
-            and s.name != BATCH_SPAN_NAME]
+    return [
+        s
+        for s in otel.finished_spans()
+        if s.attributes.get("gen_ai.provider.name") == "vllm" and s.name != BATCH_SPAN_NAME
+    ]
 
 
 def _batch_spans(otel: OTelHarness) -> list[Any]:
@@ -26,12 +29,15 @@ def _batch_spans(otel: OTelHarness) -> list[Any]:
 
 
 def _params(vllm_module: Any, lengths: list[int]) -> list[Any]:
-    return [vllm_module.SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.7, seed=i)
-            for i, n in enumerate(lengths)]
+    return [
+        vllm_module.SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.7, seed=i)
+        for i, n in enumerate(lengths)
+    ]
 
 
-def test_long_tail_batch_one_child_span_per_request(otel: OTelHarness, llm: Any,
-                                                    vllm_module: Any) -> None:
+def test_long_tail_batch_one_child_span_per_request(
+    otel: OTelHarness, llm: Any, vllm_module: Any
+) -> None:
     lengths = long_tail_lengths(24, seed=1)
     prompts = [f"def task_{i}(x):" for i in range(len(lengths))]
     outputs = llm.generate(prompts, _params(vllm_module, lengths), use_tqdm=False)
@@ -63,13 +69,21 @@ def test_long_tail_batch_one_child_span_per_request(otel: OTelHarness, llm: Any,
 
     durations = otel.metric_points("gen_ai.server.request.duration")
     assert sum(p.count for p in durations) == len(prompts)
-    tokens = [p for p in otel.metric_points("gen_ai.client.token.usage")
-              if p.attributes["gen_ai.token.type"] == "output"]
+    tokens = [
+        p
+        for p in otel.metric_points("gen_ai.client.token.usage")
+        if p.attributes["gen_ai.token.type"] == "output"
+    ]
     assert sum(p.count for p in tokens) == len(prompts)
     assert sum(p.sum for p in tokens) == sum(lengths)
     for p in durations:
-        assert set(p.attributes) <= {"gen_ai.provider.name", "gen_ai.request.model",
-                                     "gen_ai.operation.name", "rollout.finish_reason", "error.type"}
+        assert set(p.attributes) <= {
+            "gen_ai.provider.name",
+            "gen_ai.request.model",
+            "gen_ai.operation.name",
+            "rollout.finish_reason",
+            "error.type",
+        }
     span_ids = {(s.context.trace_id, s.context.span_id) for s in spans}
     exemplars = [e for p in durations for e in p.exemplars]
     assert exemplars, "histogram points carry exemplars"
@@ -78,11 +92,13 @@ def test_long_tail_batch_one_child_span_per_request(otel: OTelHarness, llm: Any,
     assert sum(p.value for p in active) == 0
 
 
-def test_engine_stats_mode_matches_engine_timings(otel: OTelHarness, llm_stats: Any,
-                                                  vllm_module: Any) -> None:
+def test_engine_stats_mode_matches_engine_timings(
+    otel: OTelHarness, llm_stats: Any, vllm_module: Any
+) -> None:
     lengths = [8, 16, 64, 128]
-    outputs = llm_stats.generate([f"q{i}" for i in range(4)], _params(vllm_module, lengths),
-                                 use_tqdm=False)
+    outputs = llm_stats.generate(
+        [f"q{i}" for i in range(4)], _params(vllm_module, lengths), use_tqdm=False
+    )
     by_id = {s.attributes["gen_ai.response.id"]: s for s in _request_spans(otel)}
     assert len(by_id) == 4
     for output in outputs:
@@ -100,13 +116,15 @@ def test_engine_stats_mode_matches_engine_timings(otel: OTelHarness, llm_stats: 
     assert sum(p.count for p in queue) == 4
 
 
-def test_chat_and_nesting_under_caller_and_step(otel: OTelHarness, llm: Any,
-                                                vllm_module: Any) -> None:
+def test_chat_and_nesting_under_caller_and_step(
+    otel: OTelHarness, llm: Any, vllm_module: Any
+) -> None:
     tracer = trace.get_tracer("test")
     conversations = [[{"role": "user", "content": "hello"}], [{"role": "user", "content": "bye"}]]
     with tracer.start_as_current_span("caller") as caller, rollout_step(7):
-        outputs = llm.chat(conversations, vllm_module.SamplingParams(max_tokens=5, ignore_eos=True),
-                           use_tqdm=False)
+        outputs = llm.chat(
+            conversations, vllm_module.SamplingParams(max_tokens=5, ignore_eos=True), use_tqdm=False
+        )
     assert len(outputs) == 2
     spans = _request_spans(otel)
     assert len(spans) == 2

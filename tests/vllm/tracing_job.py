@@ -22,7 +22,8 @@ async def traced_request(model: str, endpoint: str) -> str:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     engine = AsyncLLM.from_engine_args(
-        AsyncEngineArgs(model=model, otlp_traces_endpoint=endpoint, **VLLM_KWARGS))
+        AsyncEngineArgs(model=model, otlp_traces_endpoint=endpoint, **VLLM_KWARGS)
+    )
     with trace.get_tracer("job").start_as_current_span("caller") as caller:
         async for _ in engine.generate("hello", SamplingParams(max_tokens=3), "traced"):
             pass
@@ -43,14 +44,17 @@ def main() -> None:
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
         provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(
-            OTLPSpanExporter(endpoint=args.endpoint, insecure=True)))
+        provider.add_span_processor(
+            SimpleSpanProcessor(OTLPSpanExporter(endpoint=args.endpoint, insecure=True))
+        )
         trace.set_tracer_provider(provider)
     from otel_rollout import VLLMInstrumentor
 
     VLLMInstrumentor().instrument()
     if args.user_provider:
-        print(json.dumps({"caller_trace_id": asyncio.run(traced_request(args.model, args.endpoint))}))
+        print(
+            json.dumps({"caller_trace_id": asyncio.run(traced_request(args.model, args.endpoint))})
+        )
         trace.get_tracer_provider().force_flush()
     else:
         import vllm

@@ -52,14 +52,12 @@ def assign_req_to_token_pool_cpu(
             f"{len(rows)}/{len(starts)}/{len(ends)}"
         )
     off = 0
-    for r, s, e in zip(rows, starts, ends):
+    for r, s, e in zip(rows, starts, ends, strict=False):
         n = e - s
         if n <= 0:
             continue
         if e > pool_len:
-            raise IndexError(
-                f"sgl_kernel stand-in: end offset {e} exceeds pool length {pool_len}"
-            )
+            raise IndexError(f"sgl_kernel stand-in: end offset {e} exceeds pool length {pool_len}")
         req_to_token[r, s:e] = out_cache_loc[off : off + n].to(req_to_token.dtype)
         off += n
 
