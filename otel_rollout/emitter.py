@@ -1,0 +1,258 @@
+"""The background emitter: finished request records become telemetry off the caller's thread.
+
+A 10,000-request ``LLM.generate`` used to spend ≈ 1.8 s after the engine returned making spans and
+metric points — the OpenTelemetry SDK's own cost, paid while the trainer's GPUs wait. The wrappers
+now build the records (cheap), hand them to one :class:`Emitter` per
+:class:`~otel_rollout.telemetry.Telemetry` and return the engine's outputs at once; a daemon thread
+turns the records into spans and metric points.
+
+Policy, in one place:
+
+* **Bounded**: at most ``OTEL_ROLLOUT_EMIT_QUEUE`` records wait. A submission that does not fit is
+  dropped whole-or-part — never blocking the caller, never growing memory — counted in
+  ``rollout.telemetry.dropped`` and named in one warning that says which setting to raise.
+  ``OTEL_ROLLOUT_EMIT_QUEUE=0`` turns the emitter off: records are emitted inline, in the caller.
+* **Paced**: every ``pace_every`` spans the emitter lets the tracer provider drain (its
+  ``force_flush``, on this thread), so a burst of 80,000 spans never overflows a
+  ``BatchSpanProcessor`` queue (2,048 by default) and loses spans there.
+* **Flushed**: :func:`flush_all` waits for everything submitted before the call (used by
+  ``otel_rollout.sdk.force_flush`` and at exit); at exit the wait lasts as long as the emitter makes
+  progress, and at most ``OTEL_ROLLOUT_EXIT_TIMEOUT`` seconds without any.
+* **Fork-safe**: ``os.register_at_fork`` gives a forked child an empty queue and no thread; the
+  child's first record starts its own. Spawned processes (Ray workers, vLLM's engine processes)
+  start fresh anyway.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+
+    from otel_rollout.record import RequestRecord
+
+_logger = logging.getLogger(__name__)
+
+Sink = Callable[[Sequence["RequestRecord"], "Context"], None]
+"""Makes the spans and metric points of some records under one parent (runs on the emitter thread)."""
+
+_CHUNK = 256
+"""Records emitted between two progress updates (what flushers and the exit wait observe)."""
+
+
+class Emitter:
+    """A bounded FIFO of record batches and the daemon thread that emits them."""
+
+    def __init__(self, sink: Sink, capacity: int, *, name: str = "otel_rollout-emitter",
+                 pace: Callable[[], object] | None = None, pace_every: int = 512,
+                 on_drop: Callable[[int], None] | None = None,
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
+        self._sink = sink
+        self.capacity = capacity
+        self._name = name
+        self._pace = pace
+        self._pace_every = max(1, pace_every)
+        self._on_drop = on_drop
+        self._on_error = on_error
+        self.dropped = 0
+        """Records refused because the queue was full (since this process started it)."""
+        self._reset()
+        _LIVE.add(self)
+
+    def _reset(self) -> None:
+        """Fresh state: at creation, and in a forked child (whose parent keeps its own queue)."""
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: deque[tuple[Sequence[RequestRecord], Context]] = deque()
+        self._pending = 0
+        self._submitted = 0
+        self._processed = 0
+        self._since_pace = 0
+        self._thread: threading.Thread | None = None
+        self._idle = False
+
+    # --- the caller's side ----------------------------------------------------------------
+
+    def submit(self, records: Sequence[RequestRecord], parent: Context) -> int:
+        """Queue ``records`` for emission under ``parent``; returns how many were dropped."""
+        count = len(records)
+        if not count:
+            return 0
+        dropped = 0
+        with self._cond:
+            room = self.capacity - self._pending
+            if count > room:
+                dropped = count - max(0, room)
+                records = records[:max(0, room)]
+                count -= dropped
+                self.dropped += dropped
+            if count:
+                self._queue.append((records, parent))
+                self._pending += count
+                self._submitted += count
+                if self._thread is None:
+                    self._start()
+                elif self._idle:
+                    self._cond.notify()
+        if dropped and self._on_drop is not None:
+            self._on_drop(dropped)
+        return dropped
+
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+        _register_exit_drain()
+
+    @property
+    def pending(self) -> int:
+        """Records submitted and not yet emitted."""
+        return self._pending
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every record submitted before this call is emitted; ``True`` if all were."""
+        with self._cond:
+            target = self._submitted
+            deadline = time.monotonic() + timeout_s
+            while self._processed < target:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._alive():
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def drain(self, stall_s: float) -> bool:
+        """Wait while the emitter makes progress, giving up after ``stall_s`` without any.
+
+        Exit uses this: emitting 80,000 queued records takes seconds of CPU, which is progress
+        and worth waiting for; an emitter stuck behind an unreachable exporter makes none.
+        """
+        with self._cond:
+            target = self._submitted
+            seen = self._processed
+            deadline = time.monotonic() + stall_s
+            while self._processed < target:
+                if self._processed != seen:
+                    seen = self._processed
+                    deadline = time.monotonic() + stall_s
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._alive():
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    def _alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # --- the emitter thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                while not self._queue:
+                    self._idle = True
+                    cond.wait()
+                self._idle = False
+                records, parent = self._queue.popleft()
+            for start in range(0, len(records), _CHUNK):
+                chunk = records[start:start + _CHUNK]
+                try:
+                    self._sink(chunk, parent)
+                except Exception as exc:  # the thread must outlive any failure of ours
+                    if self._on_error is not None:
+                        self._on_error(exc)
+                self._after(len(chunk))
+
+    def _after(self, count: int) -> None:
+        self._since_pace += count
+        if self._pace is not None and self._since_pace >= self._pace_every:
+            self._since_pace = 0
+            try:
+                self._pace()
+            except Exception as exc:
+                if self._on_error is not None:
+                    self._on_error(exc)
+        with self._cond:
+            self._pending -= count
+            self._processed += count
+            self._cond.notify_all()
+
+
+# --- every emitter of the process --------------------------------------------------------------
+
+_LIVE: weakref.WeakSet[Emitter] = weakref.WeakSet()
+_EXIT_REGISTERED = threading.Lock()
+_exit_state: list[bool] = []
+_exit_drained_elsewhere: list[bool] = []
+
+
+def drain_at_exit_elsewhere() -> None:
+    """Called by ``otel_rollout.sdk.bound_exit``: its handler drains, then shuts providers down."""
+    _exit_drained_elsewhere.append(True)
+
+
+def flush_all(timeout_s: float) -> bool:
+    """Wait (at most ``timeout_s`` in all) until every emitter has emitted what it was given."""
+    deadline = time.monotonic() + timeout_s
+    ok = True
+    for emitter in list(_LIVE):
+        ok = emitter.flush(max(0.0, deadline - time.monotonic())) and ok
+    return ok
+
+
+def drain_all(stall_s: float) -> bool:
+    """Exit: emit everything queued while progress is made (see :meth:`Emitter.drain`)."""
+    ok = True
+    for emitter in list(_LIVE):
+        if emitter.pending:
+            ok = emitter.drain(stall_s) and ok
+    if not ok:
+        left = sum(e.pending for e in list(_LIVE))
+        _logger.warning("otel_rollout: %d request record(s) were still waiting to be emitted at "
+                        "exit and made no progress for %.1f s (OTEL_ROLLOUT_EXIT_TIMEOUT); they "
+                        "are dropped so the process can end", left, stall_s)
+    return ok
+
+
+def pending_all() -> int:
+    return sum(e.pending for e in list(_LIVE))
+
+
+def _register_exit_drain() -> None:
+    """Once per process, when the first emitter starts: drain at exit (unless ``bound_exit`` will).
+
+    ``atexit`` runs handlers last-registered first, so this one usually runs before the SDK's own
+    provider shutdown (registered when the provider was made) — the records reach the exporter.
+    """
+    with _EXIT_REGISTERED:
+        if _exit_state:
+            return
+        _exit_state.append(True)
+    atexit.register(_drain_at_exit)
+
+
+def _drain_at_exit() -> None:
+    if _exit_drained_elsewhere:
+        return  # sdk's bounded shutdown drains first, then shuts the providers down
+    from otel_rollout.config import load_config
+
+    drain_all(load_config(warn=False).exit_timeout)
+
+
+def _after_fork_in_child() -> None:
+    global _EXIT_REGISTERED
+    _EXIT_REGISTERED = threading.Lock()  # the parent may have held it at the fork
+    for emitter in list(_LIVE):
+        emitter._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
