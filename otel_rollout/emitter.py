@@ -13,8 +13,11 @@ Policy, in one place:
   ``rollout.telemetry.dropped`` and named in one warning that says which setting to raise.
   ``OTEL_ROLLOUT_EMIT_QUEUE=0`` turns the emitter off: records are emitted inline, in the caller.
 * **Paced**: every ``pace_every`` spans the emitter lets the tracer provider drain (its
-  ``force_flush``, on this thread), so a burst of 80,000 spans never overflows a
-  ``BatchSpanProcessor`` queue (2,048 by default) and loses spans there.
+  ``force_flush``) and waits for that, so a burst of 80,000 spans never overflows a
+  ``BatchSpanProcessor`` queue (2,048 by default) and loses spans there. It waits at most
+  ``PACE_WAIT_S`` and never starts a second drain while one is still running: an exporter that
+  hangs (collector down) costs the emitter one second, not the queue's memory; its spans are then
+  dropped where they always were, in the SDK's batch queue.
 * **Flushed**: :func:`flush_all` waits for everything submitted before the call (used by
   ``otel_rollout.sdk.force_flush`` and at exit); at exit the wait lasts as long as the emitter makes
   progress, and at most ``OTEL_ROLLOUT_EXIT_TIMEOUT`` seconds without any.
@@ -48,6 +51,37 @@ Sink = Callable[[Sequence["RequestRecord"], "Context"], None]
 _CHUNK = 256
 """Records emitted between two progress updates (what flushers and the exit wait observe)."""
 
+PACE_WAIT_S = 1.0
+"""How long the emitter waits for one drain of the tracer provider before it goes on."""
+
+
+class _Pacer:
+    """Runs the provider's drain on a helper thread; the emitter waits for it, within bounds."""
+
+    def __init__(self, drain: Callable[[], object], wait_s: float) -> None:
+        self._drain = drain
+        self._wait_s = wait_s
+        self._done = threading.Event()
+        self._busy = False
+
+    def pace(self) -> bool:
+        """Drain and wait; ``False`` if it did not finish in time or one is still running."""
+        if self._busy:
+            return False  # the last drain is stuck in the exporter: do not pile up more
+        self._busy = True
+        self._done.clear()
+        threading.Thread(target=self._run, name="otel_rollout-pace", daemon=True).start()
+        return self._done.wait(self._wait_s)
+
+    def _run(self) -> None:
+        try:
+            self._drain()
+        except Exception:  # the exporter's failure; the SDK logged it
+            _logger.debug("otel_rollout: tracer provider drain failed", exc_info=True)
+        finally:
+            self._busy = False
+            self._done.set()
+
 
 class Emitter:
     """A bounded FIFO of record batches and the daemon thread that emits them."""
@@ -59,7 +93,7 @@ class Emitter:
         self._sink = sink
         self.capacity = capacity
         self._name = name
-        self._pace = pace
+        self._drain_provider = pace
         self._pace_every = max(1, pace_every)
         self._on_drop = on_drop
         self._on_error = on_error
@@ -76,6 +110,8 @@ class Emitter:
         self._submitted = 0
         self._processed = 0
         self._since_pace = 0
+        self._pacer = None if self._drain_provider is None else _Pacer(self._drain_provider,
+                                                                      PACE_WAIT_S)
         self._thread: threading.Thread | None = None
         self._idle = False
 
@@ -169,17 +205,18 @@ class Emitter:
                 except Exception as exc:  # the thread must outlive any failure of ours
                     if self._on_error is not None:
                         self._on_error(exc)
-                self._after(len(chunk))
+                count = len(chunk)
+                del chunk
+                self._after(count)
+            # Hold nothing while idle: a record's error keeps its traceback, whose frames keep
+            # the caller's per-call state (vLLM step times, stream observers) alive.
+            del records, parent
 
     def _after(self, count: int) -> None:
         self._since_pace += count
-        if self._pace is not None and self._since_pace >= self._pace_every:
+        if self._pacer is not None and self._since_pace >= self._pace_every:
             self._since_pace = 0
-            try:
-                self._pace()
-            except Exception as exc:
-                if self._on_error is not None:
-                    self._on_error(exc)
+            self._pacer.pace()
         with self._cond:
             self._pending -= count
             self._processed += count
