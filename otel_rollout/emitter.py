@@ -63,15 +63,21 @@ class _Pacer:
         self._wait_s = wait_s
         self._done = threading.Event()
         self._busy = False
+        self._since = 0.0
 
     def pace(self) -> bool:
         """Drain and wait; ``False`` if it did not finish in time or one is still running."""
         if self._busy:
             return False  # the last drain is stuck in the exporter: do not pile up more
         self._busy = True
+        self._since = time.monotonic()
         self._done.clear()
         threading.Thread(target=self._run, name="otel_rollout-pace", daemon=True).start()
         return self._done.wait(self._wait_s)
+
+    def stuck(self, after_s: float) -> bool:
+        """A drain has been waiting on the exporter for longer than ``after_s``."""
+        return self._busy and time.monotonic() - self._since > after_s
 
     def _run(self) -> None:
         try:
@@ -164,11 +170,12 @@ class Emitter:
                 self._cond.wait(left)
         return True
 
-    def drain(self, stall_s: float) -> bool:
+    def drain(self, stall_s: float, give_up: Callable[[], bool] = lambda: False) -> bool:
         """Wait while the emitter makes progress, giving up after ``stall_s`` without any.
 
         Exit uses this: emitting 80,000 queued records takes seconds of CPU, which is progress
         and worth waiting for; an emitter stuck behind an unreachable exporter makes none.
+        ``give_up`` ends the wait early (the exporter is known not to answer).
         """
         with self._cond:
             target = self._submitted
@@ -179,7 +186,7 @@ class Emitter:
                     seen = self._processed
                     deadline = time.monotonic() + stall_s
                 left = deadline - time.monotonic()
-                if left <= 0 or not self._alive():
+                if left <= 0 or not self._alive() or give_up():
                     return False
                 self._cond.wait(min(left, 0.05))
         return True
@@ -245,22 +252,40 @@ def flush_all(timeout_s: float) -> bool:
     return ok
 
 
+EXIT_STUCK_S = 0.5
+"""At exit, a drain of the span exporter unanswered this long means the exporter is not answering."""
+
+
 def drain_all(stall_s: float) -> bool:
-    """Exit: emit everything queued while progress is made (see :meth:`Emitter.drain`)."""
+    """Exit: emit everything queued while progress is made (see :meth:`Emitter.drain`).
+
+    Gives up at once when the span exporter is not answering (:func:`exporter_stuck`): what
+    would still be emitted could not be exported anyway.
+    """
     ok = True
     for emitter in list(_LIVE):
         if emitter.pending:
-            ok = emitter.drain(stall_s) and ok
+            ok = emitter.drain(stall_s, exporter_stuck) and ok
     if not ok:
         left = sum(e.pending for e in list(_LIVE))
-        _logger.warning("otel_rollout: %d request record(s) were still waiting to be emitted at "
-                        "exit and made no progress for %.1f s (OTEL_ROLLOUT_EXIT_TIMEOUT); they "
-                        "are dropped so the process can end", left, stall_s)
+        _logger.warning("otel_rollout: %d request record(s) were not emitted at exit: the span "
+                        "exporter did not answer, or the emitter made no progress for %.1f s "
+                        "(OTEL_ROLLOUT_EXIT_TIMEOUT); they are dropped so the process can end",
+                        left, stall_s)
     return ok
 
 
 def pending_all() -> int:
     return sum(e.pending for e in list(_LIVE))
+
+
+def exporter_stuck() -> bool:
+    """Whether some emitter's drain of its tracer provider is stuck in the exporter now.
+
+    At exit this means the span exporter is not answering (collector down or hanging): the
+    providers' final shutdown would wait on the same exporter, so exit does not wait for it.
+    """
+    return any(e._pacer.stuck(EXIT_STUCK_S) for e in list(_LIVE) if e._pacer is not None)
 
 
 def _register_exit_drain() -> None:

@@ -20,7 +20,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
-from otel_rollout.emitter import drain_all, drain_at_exit_elsewhere, flush_all
+from otel_rollout import emitter
 from otel_rollout.guard import PROCESS
 from otel_rollout.ids import UrandomIdGenerator
 
@@ -58,12 +58,15 @@ def bound_exit(timeout_s: float) -> None:
     lasts while the emitter makes progress (80,000 records take seconds of CPU, and are what the
     run measured) and ends after ``timeout_s`` without any (see :mod:`otel_rollout.emitter`).
     """
-    drain_at_exit_elsewhere()
+    emitter.drain_at_exit_elsewhere()
     atexit.register(_shutdown_within, timeout_s)
 
 
 def _shutdown_within(timeout_s: float) -> None:
-    drain_all(timeout_s)
+    emitter.drain_all(timeout_s)
+    # A drain of the span exporter is already stuck (collector down or hanging): the final
+    # export would wait on the same exporter, so exit does not wait for it at all.
+    stuck = emitter.exporter_stuck()
     candidates: tuple[Any, ...] = (trace.get_tracer_provider(), metrics.get_meter_provider())
     providers = [p for p in candidates
                  if callable(getattr(p, "shutdown", None)) and hasattr(p, "_atexit_handler")
@@ -86,9 +89,12 @@ def _shutdown_within(timeout_s: float) -> None:
                 _logger.debug("otel_rollout: provider shutdown failed at exit", exc_info=True)
 
     worker = threading.Thread(target=work, name="otel_rollout-exit", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
+    worker.start()  # even when stuck: shutting the exporters down ends their retries
+    worker.join(0.0 if stuck else timeout_s)
+    if stuck:
+        _logger.warning("otel_rollout: the span exporter did not answer; telemetry still buffered "
+                        "at exit is dropped so the process can end")
+    elif worker.is_alive():
         _logger.warning("otel_rollout: telemetry export did not finish within %.1f s of exit "
                         "(OTEL_ROLLOUT_EXIT_TIMEOUT); the rest is dropped so the process can end",
                         timeout_s)
@@ -131,7 +137,7 @@ def force_flush(timeout_s: float = 30.0) -> bool:
     provider's own ``force_flush`` cannot see them), all within ``timeout_s``.
     """
     deadline = time.monotonic() + timeout_s
-    ok = flush_all(timeout_s)
+    ok = emitter.flush_all(timeout_s)
     millis = max(0, int((deadline - time.monotonic()) * 1000))
     providers: tuple[Any, ...] = (trace.get_tracer_provider(), metrics.get_meter_provider())
     for provider in providers:
