@@ -30,14 +30,82 @@ import _common as C
 from bench_cost import floor_for, records_for
 
 
-def run(smoke: bool) -> dict[str, Any]:
+def _one_size(n: int, reps: int, background: Any, inline: Any) -> dict[str, Any]:
     import wrapt
     from opentelemetry import trace
 
-    from otel_rollout.config import load_config
     from otel_rollout.emitter import flush_all
-    from otel_rollout.telemetry import create_telemetry
     from otel_rollout.vllm import adapter
+
+    lengths = C.long_tail(n, seed=n)
+    outputs = C.make_outputs(lengths, stats=True)
+    params = C.make_params(lengths)
+    prompts = [f"p{i}" for i in range(n)]
+
+    class Bare:
+        llm_engine = C._Engine(log_stats=True)
+
+        def generate(self, prompts: Any, sampling_params: Any = None, *,
+                     use_tqdm: bool = True) -> Any:
+            return outputs
+
+    class Background(Bare):
+        pass
+
+    class Inline(Bare):
+        pass
+
+    wrapt.wrap_function_wrapper(Background, "generate",
+                                adapter.offline_wrapper(background, "text_completion"))
+    wrapt.wrap_function_wrapper(Inline, "generate",
+                                adapter.offline_wrapper(inline, "text_completion"))
+    recs = records_for(outputs, params, "tiny-llama-v1", "text_completion", True)
+    ctx = trace.set_span_in_context(inline.tracer.start_span("rollout.batch"))
+    floor = floor_for(inline, recs, lambda: ctx)
+    del recs
+    calls = {"G": lambda: Background().generate(prompts, params, use_tqdm=False),
+             "I": lambda: Inline().generate(prompts, params, use_tqdm=False),
+             "B": lambda: Bare().generate(prompts, params, use_tqdm=False),
+             "F": floor}
+    if n <= 10000:
+        for fn in calls.values():
+            fn()
+        flush_all(600)
+    series: dict[str, list[float]] = {k: [] for k in (
+        "caller", "caller_cpu", "drain", "total_cpu", "inline", "floor")}
+    gc.collect()
+    for r in range(reps):
+        wall: dict[str, float] = {}
+        cpu: dict[str, float] = {}
+        for key in ("GIBF", "FBIG", "BGFI", "IFGB")[r % 4]:
+            p0, c0, w0 = time.process_time(), time.thread_time(), time.perf_counter()
+            calls[key]()
+            wall[key], cpu[key] = time.perf_counter() - w0, time.thread_time() - c0
+            if key == "G":
+                assert flush_all(600), "the emitter did not catch up"
+                series["drain"].append((time.perf_counter() - w0) * 1e3)
+                series["total_cpu"].append((time.process_time() - p0) * 1e3)
+            gc.collect()
+        series["caller"].append((wall["G"] - wall["B"]) * 1e3)
+        series["caller_cpu"].append((cpu["G"] - cpu["B"]) * 1e3)
+        series["total_cpu"][-1] -= cpu["B"] * 1e3
+        series["inline"].append((wall["I"] - wall["B"]) * 1e3)
+        series["floor"].append(wall["F"] * 1e3)
+    per = {k: round(statistics.median(v) * 1e3 / n, 2) for k, v in series.items()}
+    res = {"requests": n,
+           "caller_visible_ms": C.band(series["caller"], 1),
+           "caller_cpu_ms": C.band(series["caller_cpu"], 1),
+           "emitter_done_after_ms": C.band(series["drain"], 1),
+           "total_cpu_ms": C.band(series["total_cpu"], 1),
+           "inline_ms": C.band(series["inline"], 1),
+           "floor_ms": C.band(series["floor"], 1),
+           "us_per_request": per}
+    return res
+
+
+def run(smoke: bool) -> dict[str, Any]:
+    from otel_rollout.config import load_config
+    from otel_rollout.telemetry import create_telemetry
 
     C.setup_sdk("simple")
     config = load_config()
@@ -47,72 +115,9 @@ def run(smoke: bool) -> dict[str, Any]:
     results: dict[str, Any] = {"machine": C.machine(), "emit_queue": config.emit_queue,
                                "sizes": {}}
     for n, reps in sizes:
-        lengths = C.long_tail(n, seed=n)
-        outputs = C.make_outputs(lengths, stats=True)
-        params = C.make_params(lengths)
-        prompts = [f"p{i}" for i in range(n)]
-
-        class Bare:
-            llm_engine = C._Engine(log_stats=True)
-
-            def generate(self, prompts: Any, sampling_params: Any = None, *,
-                         use_tqdm: bool = True) -> Any:
-                return outputs
-
-        class Background(Bare):
-            pass
-
-        class Inline(Bare):
-            pass
-
-        wrapt.wrap_function_wrapper(Background, "generate",
-                                    adapter.offline_wrapper(background, "text_completion"))
-        wrapt.wrap_function_wrapper(Inline, "generate",
-                                    adapter.offline_wrapper(inline, "text_completion"))
-        recs = records_for(outputs, params, "tiny-llama-v1", "text_completion", True)
-        ctx = trace.set_span_in_context(inline.tracer.start_span("rollout.batch"))
-        floor = floor_for(inline, recs, lambda: ctx)
-        del recs
-        calls = {"G": lambda: Background().generate(prompts, params, use_tqdm=False),
-                 "I": lambda: Inline().generate(prompts, params, use_tqdm=False),
-                 "B": lambda: Bare().generate(prompts, params, use_tqdm=False),
-                 "F": floor}
-        if n <= 10000:
-            for fn in calls.values():
-                fn()
-            flush_all(600)
-        series: dict[str, list[float]] = {k: [] for k in (
-            "caller", "caller_cpu", "drain", "total_cpu", "inline", "floor")}
-        gc.collect()
-        for r in range(reps):
-            wall: dict[str, float] = {}
-            cpu: dict[str, float] = {}
-            for key in ("GIBF", "FBIG", "BGFI", "IFGB")[r % 4]:
-                p0, c0, w0 = time.process_time(), time.thread_time(), time.perf_counter()
-                calls[key]()
-                wall[key], cpu[key] = time.perf_counter() - w0, time.thread_time() - c0
-                if key == "G":
-                    assert flush_all(600), "the emitter did not catch up"
-                    series["drain"].append((time.perf_counter() - w0) * 1e3)
-                    series["total_cpu"].append((time.process_time() - p0) * 1e3)
-                gc.collect()
-            series["caller"].append((wall["G"] - wall["B"]) * 1e3)
-            series["caller_cpu"].append((cpu["G"] - cpu["B"]) * 1e3)
-            series["total_cpu"][-1] -= cpu["B"] * 1e3
-            series["inline"].append((wall["I"] - wall["B"]) * 1e3)
-            series["floor"].append(wall["F"] * 1e3)
-        per = {k: round(statistics.median(v) * 1e3 / n, 2) for k, v in series.items()}
-        res = {"requests": n,
-               "caller_visible_ms": C.band(series["caller"], 1),
-               "caller_cpu_ms": C.band(series["caller_cpu"], 1),
-               "emitter_done_after_ms": C.band(series["drain"], 1),
-               "total_cpu_ms": C.band(series["total_cpu"], 1),
-               "inline_ms": C.band(series["inline"], 1),
-               "floor_ms": C.band(series["floor"], 1),
-               "us_per_request": per}
+        res = _one_size(n, reps, background, inline)
         results["sizes"][str(n)] = res
         print(n, res, flush=True)
-        del outputs, params, calls, floor
         gc.collect()
     per_req = [v["us_per_request"]["caller"] for v in results["sizes"].values()]
     results["growth_per_request_last_over_first"] = round(per_req[-1] / per_req[0], 2)

@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 from opentelemetry import context as otel_context
-from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
@@ -32,8 +31,8 @@ from otel_rollout.config import RolloutConfig
 from otel_rollout.record import RequestRecord
 from otel_rollout.steps import rollout_step
 from otel_rollout.telemetry import Telemetry
-from tests.core.conftest import make_record
 from testkit.otlp_receiver import OTLPReceiver, attr
+from tests.core.conftest import make_record
 
 REPO = Path(__file__).resolve().parents[2]
 
