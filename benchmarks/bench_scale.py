@@ -119,7 +119,7 @@ def run(smoke: bool) -> dict[str, Any]:
         results["sizes"][str(n)] = res
         print(n, res, flush=True)
         gc.collect()
-    per_req = [v["us_per_request"]["caller"] for v in results["sizes"].values()]
+    per_req = [v["us_per_request"]["caller_cpu"] for v in results["sizes"].values()]
     results["growth_per_request_last_over_first"] = round(per_req[-1] / per_req[0], 2)
     return results
 
