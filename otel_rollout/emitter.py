@@ -21,9 +21,10 @@ Policy, in one place:
 * **Flushed**: :func:`flush_all` waits for everything submitted before the call (used by
   ``otel_rollout.sdk.force_flush`` and at exit); at exit the wait lasts as long as the emitter makes
   progress, and at most ``OTEL_ROLLOUT_EXIT_TIMEOUT`` seconds without any.
-* **Fork-safe**: ``os.register_at_fork`` gives a forked child an empty queue and no thread; the
-  child's first record starts its own. Spawned processes (Ray workers, vLLM's engine processes)
-  start fresh anyway.
+* **Fork-safe**: ``os.register_at_fork`` waits (at most ``FORK_WAIT_S``) for the emitter to finish
+  the chunk it is on — so the child inherits no SDK lock taken mid-record — and gives the child
+  an empty queue and no thread; the child's first record starts its own. Spawned processes (Ray
+  workers, vLLM's engine processes) start fresh anyway.
 """
 
 from __future__ import annotations
@@ -121,6 +122,9 @@ class Emitter:
         ``_cond`` is only for those who wait for progress (flush, exit).
         """
         self._submit_lock = threading.Lock()
+        self._work_lock = threading.Lock()
+        """Held while records are being emitted: a fork waits for it, so the child never inherits
+        an SDK lock (metric aggregation, span exporter) taken by this thread mid-record."""
         self._wake = threading.Event()
         self._cond = threading.Condition(threading.Lock())
         self._waiters = 0
@@ -229,7 +233,8 @@ class Emitter:
             for start in range(0, len(records), _CHUNK):
                 chunk = records[start:start + _CHUNK]
                 try:
-                    self._sink(chunk, parent)
+                    with self._work_lock:
+                        self._sink(chunk, parent)
                 except Exception as exc:  # the thread must outlive any failure of ours
                     if self._on_error is not None:
                         self._on_error(exc)
@@ -330,7 +335,25 @@ def _drain_at_exit() -> None:
     drain_all(load_config(warn=False).exit_timeout)
 
 
+_held_for_fork: list[Emitter] = []
+
+FORK_WAIT_S = 1.0
+"""How long a fork waits for an emitter to finish the chunk it is on."""
+
+
+def _before_fork() -> None:
+    for emitter in list(_LIVE):
+        if emitter._work_lock.acquire(timeout=FORK_WAIT_S):
+            _held_for_fork.append(emitter)
+
+
+def _after_fork_in_parent() -> None:
+    while _held_for_fork:
+        _held_for_fork.pop()._work_lock.release()
+
+
 def _after_fork_in_child() -> None:
+    _held_for_fork.clear()
     global _EXIT_REGISTERED
     _EXIT_REGISTERED = threading.Lock()  # the parent may have held it at the fork
     for emitter in list(_LIVE):
@@ -338,4 +361,5 @@ def _after_fork_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)

@@ -260,6 +260,8 @@ class Telemetry:
         self._request_tracer, self._preset = _preset_tracer(tracer)
         self._emitter: Emitter | None = None
         self._emitter_lock = threading.Lock()
+        self._label_sets: dict[tuple[str, str, str | None, str | None],
+                               tuple[dict[str, str], dict[str, str], dict[str, str]]] = {}
         lat = config.latency_buckets
         self.duration = meter.create_histogram(
             gen_ai_metrics.GEN_AI_SERVER_REQUEST_DURATION, unit="s",
@@ -464,11 +466,7 @@ class Telemetry:
         record.trace_id, record.span_id = span_context.trace_id, span_context.span_id
 
         ctx = trace.set_span_in_context(span, parent)
-        attrs = self._base_attributes(record.model, record.operation)
-        if record.finish_reason is not None:
-            attrs[ROLLOUT_FINISH_REASON] = record.finish_reason
-        if record.error is not None:
-            attrs[error_attributes.ERROR_TYPE] = type(record.error).__qualname__
+        attrs, inputs, outputs = self._metric_attributes(record)
         self.duration.record(record.duration_s, attrs, context=ctx)
         if (ttft := record.ttft_s) is not None:
             self.ttft.record(ttft, attrs, context=ctx)
@@ -477,11 +475,29 @@ class Telemetry:
         if (queue := record.queue_time_s) is not None:
             self.queue_time.record(queue, attrs, context=ctx)
         if record.prompt_tokens is not None:
-            self.tokens.record(record.prompt_tokens,
-                               {**attrs, GenAI.GEN_AI_TOKEN_TYPE: "input"}, context=ctx)
+            self.tokens.record(record.prompt_tokens, inputs, context=ctx)
         if record.output_tokens is not None:
-            self.tokens.record(record.output_tokens,
-                               {**attrs, GenAI.GEN_AI_TOKEN_TYPE: "output"}, context=ctx)
+            self.tokens.record(record.output_tokens, outputs, context=ctx)
+
+    def _metric_attributes(
+            self, record: RequestRecord) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+        """A request's metric label sets, built once per label combination (labels are bounded:
+        model, operation, finish reason, error type), not three dicts per request."""
+        error = type(record.error).__qualname__ if record.error is not None else None
+        reason = record.finish_reason
+        key = (record.model, record.operation, reason, error)
+        cached = self._label_sets.get(key)
+        if cached is None:
+            attrs = self._base_attributes(record.model, record.operation)
+            if reason is not None:
+                attrs[ROLLOUT_FINISH_REASON] = reason
+            if error is not None:
+                attrs[error_attributes.ERROR_TYPE] = error
+            cached = (attrs, {**attrs, GenAI.GEN_AI_TOKEN_TYPE: "input"},
+                      {**attrs, GenAI.GEN_AI_TOKEN_TYPE: "output"})
+            if len(self._label_sets) < 4096:  # bounded even if error types are not
+                self._label_sets[key] = cached
+        return cached
 
     # --- steps ----------------------------------------------------------------------------------
 
