@@ -16,8 +16,8 @@ Policy, in one place:
   ``force_flush``) and waits for that, so a burst of 80,000 spans never overflows a
   ``BatchSpanProcessor`` queue (2,048 by default) and loses spans there. It waits at most
   ``PACE_WAIT_S`` and never starts a second drain while one is still running: an exporter that
-  hangs (collector down) costs the emitter one second, not the queue's memory; its spans are then
-  dropped where they always were, in the SDK's batch queue.
+  hangs (collector down) costs the emitter those seconds once, not the queue's memory; its spans
+  are then dropped where they always were, in the SDK's batch queue.
 * **Flushed**: :func:`flush_all` waits for everything submitted before the call (used by
   ``otel_rollout.sdk.force_flush`` and at exit); at exit the wait lasts as long as the emitter makes
   progress, and at most ``OTEL_ROLLOUT_EXIT_TIMEOUT`` seconds without any.
@@ -55,8 +55,13 @@ _CHUNK = 256
 _GATHER_S = 0.002
 """After a wake-up, how long the emitter lets records gather before it starts on them."""
 
-PACE_WAIT_S = 1.0
-"""How long the emitter waits for one drain of the tracer provider before it goes on."""
+NEVER_ANSWERED_S = 0.5
+"""At exit, how long a first drain may go unanswered before the exporter counts as down."""
+
+PACE_WAIT_S = 5.0
+"""How long the emitter waits for one drain of the tracer provider before it goes on: generous,
+since a slow but working exporter is what pacing is for; a dead one costs this once, then the
+emitter runs on without pacing until that drain returns."""
 
 
 class _Pacer:
@@ -68,6 +73,8 @@ class _Pacer:
         self._done = threading.Event()
         self._busy = False
         self._since = 0.0
+        self.answered = 0
+        """Drains that returned: the exporter has answered at least this often."""
 
     def pace(self) -> bool:
         """Drain and wait; ``False`` if it did not finish in time or one is still running."""
@@ -80,8 +87,10 @@ class _Pacer:
         return self._done.wait(self._wait_s)
 
     def stuck(self, after_s: float) -> bool:
-        """A drain has been waiting on the exporter for longer than ``after_s``."""
-        return self._busy and time.monotonic() - self._since > after_s
+        """A drain has been waiting on the exporter for longer than ``after_s`` — or longer than
+        ``NEVER_ANSWERED_S`` if no drain ever returned (collector down since the start)."""
+        limit = after_s if self.answered else min(after_s, NEVER_ANSWERED_S)
+        return self._busy and time.monotonic() - self._since > limit
 
     def _run(self) -> None:
         try:
@@ -89,6 +98,7 @@ class _Pacer:
         except Exception:  # the exporter's failure; the SDK logged it
             _logger.debug("otel_rollout: tracer provider drain failed", exc_info=True)
         finally:
+            self.answered += 1
             self._busy = False
             self._done.set()
 
@@ -278,20 +288,17 @@ def flush_all(timeout_s: float) -> bool:
     return ok
 
 
-EXIT_STUCK_S = 0.5
-"""At exit, a drain of the span exporter unanswered this long means the exporter is not answering."""
-
-
 def drain_all(stall_s: float) -> bool:
     """Exit: emit everything queued while progress is made (see :meth:`Emitter.drain`).
 
-    Gives up at once when the span exporter is not answering (:func:`exporter_stuck`): what
-    would still be emitted could not be exported anyway.
+    Gives up as soon as one drain of the span exporter has taken longer than ``stall_s``, or
+    ``NEVER_ANSWERED_S`` for an exporter that never answered (:func:`exporter_stuck`): what would
+    still be emitted could not be exported in time anyway.
     """
     ok = True
     for emitter in list(_LIVE):
         if emitter.pending:
-            ok = emitter.drain(stall_s, exporter_stuck) and ok
+            ok = emitter.drain(stall_s, lambda: exporter_stuck(stall_s)) and ok
     if not ok:
         left = sum(e.pending for e in list(_LIVE))
         _logger.warning("otel_rollout: %d request record(s) were not emitted at exit: the span "
@@ -301,17 +308,14 @@ def drain_all(stall_s: float) -> bool:
     return ok
 
 
-def pending_all() -> int:
-    return sum(e.pending for e in list(_LIVE))
+def exporter_stuck(after_s: float) -> bool:
+    """Whether some emitter's drain of its tracer provider has been in the exporter > ``after_s``.
 
-
-def exporter_stuck() -> bool:
-    """Whether some emitter's drain of its tracer provider is stuck in the exporter now.
-
-    At exit this means the span exporter is not answering (collector down or hanging): the
-    providers' final shutdown would wait on the same exporter, so exit does not wait for it.
+    At exit (``after_s`` = ``OTEL_ROLLOUT_EXIT_TIMEOUT``) this means the span exporter does not
+    answer within the bound (collector down or hanging): the providers' final shutdown would wait
+    on the same exporter, so exit does not wait for it.
     """
-    return any(e._pacer.stuck(EXIT_STUCK_S) for e in list(_LIVE) if e._pacer is not None)
+    return any(e._pacer.stuck(after_s) for e in list(_LIVE) if e._pacer is not None)
 
 
 def _register_exit_drain() -> None:

@@ -66,7 +66,7 @@ def _shutdown_within(timeout_s: float) -> None:
     emitter.drain_all(timeout_s)
     # A drain of the span exporter is already stuck (collector down or hanging): the final
     # export would wait on the same exporter, so exit does not wait for it at all.
-    stuck = emitter.exporter_stuck()
+    stuck = emitter.exporter_stuck(timeout_s)
     candidates: tuple[Any, ...] = (trace.get_tracer_provider(), metrics.get_meter_provider())
     providers = [p for p in candidates
                  if callable(getattr(p, "shutdown", None)) and hasattr(p, "_atexit_handler")
