@@ -11,11 +11,14 @@ objects, so what is timed is everything the instrumentation does per request:
   (``LLM(disable_log_stats=False)``) and off (vLLM's default, timed from the engine steps).
 * async: ``AsyncLLM.generate`` streams, consumed to the end, 16 cumulative chunks per request.
 
-Per round, three things run back to back in rotating order: the instrumented call (A), the same
-call on the bare stand-in (B), and the floor (F): for the same requests, what the SDK itself
-costs — ``tracer.start_span(start_time=…, attributes=<the very dict we attach>)`` + ``add_event``
-+ ``end`` + the same histogram ``.record`` calls (same instruments, same attribute sets, the span's
-context). ours = A − B; CPU time of this thread (``time.thread_time``); median over rounds.
+Per round, four things run back to back in rotating order: the instrumented call with the
+background emitter (A, the default) followed by the wait until the emitter is done, the same with
+``OTEL_ROLLOUT_EMIT_QUEUE=0`` (I, inline), the bare stand-in (B), and the floor (F): for the same
+requests, what the SDK itself costs — ``tracer.start_span(start_time=…, attributes=<the very
+dict we attach>)`` + ``add_event`` + ``end`` + the same histogram ``.record`` calls (same
+instruments, same attribute sets, the span's context). ours = A − B in process CPU time
+(``time.process_time``: the emitter's thread included — work moved off the caller still counts);
+caller = the same in the calling thread's CPU time only; inline = I − B. Median over rounds.
 
 ``--histograms exponential|explicit`` picks the aggregation of the five long-tail histograms
 (exponential through ``otel_rollout.histograms.views``, installed on the MeterProvider as a
@@ -111,7 +114,7 @@ def floor_for(telemetry: Any, records: list[Any], parent_fn: Any) -> Any:
     from opentelemetry import trace
     from opentelemetry.trace import SpanKind
 
-    from otel_rollout.semconv import ROLLOUT_FINISH_REASON
+    from otel_rollout.semconv import EVENT_FIRST_TOKEN, ROLLOUT_FINISH_REASON
 
     tracer = telemetry.tracer
     parent = parent_fn()
@@ -132,7 +135,7 @@ def floor_for(telemetry: Any, records: list[Any], parent_fn: Any) -> Any:
         hist.append((telemetry.tokens, rec.output_tokens, {**mattrs, "gen_ai.token.type": "output"}))
         prepared.append((f"{rec.operation} {rec.model}", rec.arrival_ns, rec.first_token_ns,
                          rec.finish_ns, attrs, hist))
-    event = R.EVENT_FIRST_TOKEN
+    event = EVENT_FIRST_TOKEN
     internal = SpanKind.INTERNAL
     set_in = trace.set_span_in_context
 
@@ -224,33 +227,50 @@ def async_case(telemetry: Any, n_requests: int, chunks: int) -> dict[str, Any]:
 
 
 def measure(case: dict[str, Any], rounds: int) -> dict[str, Any]:
+    from otel_rollout.emitter import flush_all
+
     n = case["requests"]
-    for fn in (case["A"], case["B"], case["F"]):  # warm up caches, instruments, timeseries
+
+    def background() -> None:
+        case["A"]()
+        assert flush_all(120), "the emitter did not catch up"
+
+    calls = {"A": background, "I": case["I"], "B": case["B"], "F": case["F"]}
+    for fn in calls.values():  # warm up caches, instruments, timeseries
         fn()
         fn()
-    ours, floor, ratio = [], [], []
-    orders = ("ABF", "BFA", "FAB", "AFB", "BAF", "FBA")
+    ours, caller, inline, floor, ratio, inline_ratio = [], [], [], [], [], []
+    orders = ("ABFI", "BFIA", "FIAB", "IAFB", "BAIF", "FBAI")
     gc.collect()
     gc.disable()  # collections land wherever the allocator says; keep them out of the A/B split
     try:
         for r in range(rounds):
             t: dict[str, float] = {}
+            th: dict[str, float] = {}
             for key in orders[r % len(orders)]:
-                start = time.thread_time()
-                case[key]()
-                t[key] = time.thread_time() - start
+                start, thread = time.process_time(), time.thread_time()
+                calls[key]()
+                t[key], th[key] = time.process_time() - start, time.thread_time() - thread
             gc.collect()
             o = (t["A"] - t["B"]) / n * 1e6
+            i = (t["I"] - t["B"]) / n * 1e6
             f = t["F"] / n * 1e6
             ours.append(o)
+            caller.append((th["A"] - th["B"]) / n * 1e6)
+            inline.append(i)
             floor.append(f)
             ratio.append(o / f)
+            inline_ratio.append(i / f)
     finally:
         gc.enable()
-    return {"ours_us": C.band(ours, 2), "floor_us": C.band(floor, 2), "ratio": C.band(ratio, 3)}
+    return {"ours_us": C.band(ours, 2), "caller_us": C.band(caller, 2),
+            "inline_us": C.band(inline, 2), "floor_us": C.band(floor, 2),
+            "ratio": C.band(ratio, 3), "inline_ratio": C.band(inline_ratio, 3)}
 
 
 def run(smoke: bool, histograms_mode: str = "explicit") -> dict[str, Any]:
+    import dataclasses
+
     from otel_rollout import histograms
     from otel_rollout.config import load_config
 
@@ -259,8 +279,10 @@ def run(smoke: bool, histograms_mode: str = "explicit") -> dict[str, Any]:
     from opentelemetry import trace
 
     from otel_rollout.instrumentation import build_telemetry
+    from otel_rollout.telemetry import create_telemetry
 
-    telemetry = build_telemetry("vllm", {})
+    telemetry = build_telemetry("vllm", {})  # the default: background emitter
+    inline = create_telemetry("vllm", config=dataclasses.replace(telemetry.config, emit_queue=0))
     rounds = 3 if smoke else 31
     size = 32 if smoke else 256
     lengths = C.long_tail(size, seed=1)
@@ -269,6 +291,7 @@ def run(smoke: bool, histograms_mode: str = "explicit") -> dict[str, Any]:
 
     for label, stats in (("offline_stats_on", True), ("offline_stats_off", False)):
         case = build(telemetry, lengths, stats)
+        case["I"] = build(inline, lengths, stats)["A"]
         recs = records_for(case["outputs"], case["params"], "tiny-llama-v1", "text_completion",
                            stats)
         batch_span = telemetry.tracer.start_span("rollout.batch")
@@ -280,6 +303,7 @@ def run(smoke: bool, histograms_mode: str = "explicit") -> dict[str, Any]:
         print(label, res, flush=True)
 
     case = async_case(telemetry, 32 if smoke else 256, 16)
+    case["I"] = async_case(inline, 32 if smoke else 256, 16)["A"]
     res = measure(case, rounds)
     res["chunks_per_request"] = case["chunks_per_request"]
     results["async_stream"] = res

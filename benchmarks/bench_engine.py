@@ -118,11 +118,16 @@ def big_batch(llm: Any, inst: Any, sampling_params: Any) -> dict[str, Any]:
             t0 = time.perf_counter()
             outs = llm.generate(prompts, params, use_tqdm=False)
             t1 = time.perf_counter()
+            from otel_rollout.emitter import flush_all
+
+            flush_all(600)  # not the caller's time: when the background emitter is done
+            t2 = time.perf_counter()
             if side == "instrumented":
                 inst.uninstrument()
             assert len(outs) == n
             res[side] = {"generate_s": round(t1 - t0, 3),
-                         "post_return_ms": round((t1 - returned[-1]) * 1e3, 1)}
+                         "post_return_ms": round((t1 - returned[-1]) * 1e3, 1),
+                         "emitter_done_after_ms": round((t2 - returned[-1]) * 1e3, 1)}
     finally:
         cls._run_engine = original
     res["post_return_added_ms"] = round(res["instrumented"]["post_return_ms"]

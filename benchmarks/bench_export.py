@@ -1,7 +1,7 @@
 """Figure 5: export pressure — generate latency and process exit with the OTLP endpoint unhealthy.
 
 Each configuration runs in its own child process, set up the way a training job sets itself up
-with this package: ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``otel_rollout.ray.configure_sdk()`` (SDK
+with this package: ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``otel_rollout.sdk.configure_from_environment()`` (SDK
 providers, BatchSpanProcessor and PeriodicExportingMetricReader over OTLP/gRPC), then
 ``VLLMInstrumentor().instrument()``. Span batches are sent every 0.5 s and metrics every 1 s so the
 exporters are busy while generate runs. Endpoints:
@@ -100,9 +100,9 @@ def child(args: argparse.Namespace) -> None:
             "OTEL_BSP_SCHEDULE_DELAY": "500", "OTEL_METRIC_EXPORT_INTERVAL": "1000",
         })
         from otel_rollout import VLLMInstrumentor
-        from otel_rollout.ray import configure_sdk
+        from otel_rollout.sdk import configure_from_environment
 
-        configure_sdk()
+        configure_from_environment()
     if args.fake:
         import vllm  # noqa: F401  (instrument() imports it; bare must pay the same exit cost)
 

@@ -153,13 +153,17 @@ def run(smoke: bool) -> dict[str, Any]:
                 loop.run_until_complete(streams(done, unit))
             done += unit
 
+    from otel_rollout.emitter import flush_all
+
     drive(warmup)
+    flush_all(120)  # records are emitted in the background: measure what is left once it is done
     reader.get_metrics_data()  # a collection, as a periodic reader would do
     gc.collect()
     samples = [C.rss_bytes()]
     steps = 10
     for _ in range(steps):
         drive(total // steps)
+        flush_all(120)
         reader.get_metrics_data()
         gc.collect()
         samples.append(C.rss_bytes())

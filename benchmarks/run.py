@@ -117,9 +117,17 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
                            ("offline_stats_off", "offline, engine stats off (default)"),
                            ("async_stream", "async stream, 16 chunks")):
             c = r[key]
-            out.append([f"1. per-request CPU, {label}",
-                        f"ours {_b(c['ours_us'], '{:.1f}')} µs, floor {_b(c['floor_us'], '{:.1f}')}"
-                        f" µs", f"{_b(c['ratio'])}× floor", "≤ 1.3×",
+            if "inline_us" not in c:  # results of a run before the background emitter
+                out.append([f"1. per-request CPU, {label}",
+                            f"ours {_b(c['ours_us'], '{:.1f}')} µs, floor "
+                            f"{_b(c['floor_us'], '{:.1f}')} µs", f"{_b(c['ratio'])}× floor",
+                            "≤ 1.3×", _goal(c["ratio"]["median"] <= 1.3), meta(r)])
+                continue
+            out.append([f"1. per-request CPU (process, emitter included), {label}",
+                        f"background {_b(c['ours_us'], '{:.1f}')} µs (caller "
+                        f"{c['caller_us']['median']:.1f}), inline {_b(c['inline_us'], '{:.1f}')}"
+                        f" µs, floor {_b(c['floor_us'], '{:.1f}')} µs",
+                        f"{_b(c['ratio'])}× floor (inline {_b(c['inline_ratio'])}×)", "≤ 1.3×",
                         _goal(c["ratio"]["median"] <= 1.3), meta(r)])
     if "engine" in runs:
         r = runs["engine"]
@@ -144,18 +152,23 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
         r = runs["scale"]
         per = {}
         for n, c in r["sizes"].items():
-            per[n] = c.get("ours_cpu_us_per_request",
-                           round(c["ours_cpu_ms"]["median"] * 1e3 / int(n), 2))
-            out.append([f"3. post-return phase, {int(n):,} requests (engine-free)",
-                        f"ours CPU {_b(c['ours_cpu_ms'], '{:.0f}')} ms (wall "
-                        f"{_b(c['ours_ms'], '{:.0f}')}), floor wall {_b(c['floor_ms'], '{:.0f}')} ms",
-                        f"{per[n]} µs/req CPU (floor {c['floor_us_per_request']} wall)",
-                        "≤ 150 ms at 10k" if n == "10000" else "linear",
-                        _goal(c["ours_cpu_ms"]["median"] <= 150) if n == "10000" else "—", meta(r)])
-        values = list(per.values())
-        growth = round(values[-1] / values[0], 2)
-        out.append([f"3. growth {list(per)[0]} → {list(per)[-1]} requests", "CPU µs/request, last / first",
-                    f"{growth}×", "linear (≈ 1×)", _goal(growth <= 1.3), meta(r)])
+            if "caller_visible_ms" not in c:  # results of a run before the background emitter
+                continue
+            u = c["us_per_request"]
+            per[n] = u["caller_cpu"]  # CPU: on a shared machine wall time counts others' work
+            out.append([f"3. caller-visible post-return time, {int(n):,} requests (engine-free)",
+                        f"background {_b(c['caller_visible_ms'], '{:.1f}')} ms (emitter done "
+                        f"after {c['emitter_done_after_ms']['median']:.0f} ms, total CPU "
+                        f"{c['total_cpu_ms']['median']:.0f} ms); inline "
+                        f"{_b(c['inline_ms'], '{:.0f}')} ms; floor {_b(c['floor_ms'], '{:.0f}')} ms",
+                        f"{u['caller']} µs/req (inline {u['inline']}, floor {u['floor']})",
+                        "≤ 15 µs/req", _goal(u["caller"] <= 15), meta(r)])
+        if per:
+            values = list(per.values())
+            growth = round(values[-1] / values[0], 2)
+            out.append([f"3. growth {list(per)[0]} → {list(per)[-1]} requests",
+                        "caller CPU µs/request, last / first", f"{growth}×", "linear (≈ 1×)",
+                        _goal(growth <= 1.3), meta(r)])
     if "memory" in runs:
         r = runs["memory"]
         out.append([f"4. RSS growth over {r['requests']:,} requests (all stream endings)",

@@ -31,7 +31,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
 from otel_rollout import VLLMInstrumentor, rollout_step
-from otel_rollout.ray import configure_sdk
+from otel_rollout.sdk import configure_from_environment
 
 
 @dataclass(frozen=True)
@@ -76,10 +76,10 @@ class RequestCollector(SpanProcessor):
 def telemetry() -> RequestCollector:
     """Use the SDK that ``opentelemetry-instrument`` installed, or configure one from ``OTEL_*``.
 
-    ``opentelemetry-instrument`` sets up exporters only with ``opentelemetry-distro`` installed;
-    ``configure_sdk`` covers a run without it (and a plain ``python`` run) the same way.
+    A plain ``python`` run gets the same set-up as under ``opentelemetry-instrument``
+    (``configure_from_environment``: the distro's configurator and the instrumentors).
     """
-    configure_sdk()
+    configure_from_environment()
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):  # e.g. another SDK-compatible provider
         provider = TracerProvider()

@@ -78,6 +78,7 @@ class RolloutConfig:
     batch_as_step: bool = False
     exit_timeout: float = 1.5
     step_wait: float = 5.0
+    emit_queue: int = 262_144
     report_dir: str | None = None
     step_log: str | None = None
     capture_content: bool = False
@@ -229,6 +230,10 @@ SETTINGS: tuple[Setting[Any], ...] = (
     Setting("OTEL_ROLLOUT_STEP_WAIT", "step_wait", _seconds_range(0, 3600),
             "At a step's end, wait at most this many seconds for requests reported by other "
             "processes (Ray actors) whose calls have not reported yet; then the step is partial."),
+    Setting("OTEL_ROLLOUT_EMIT_QUEUE", "emit_queue", _int_range(0, 100_000_000),
+            "Request records that may wait for the background emitter, which makes their spans "
+            "and metric points off the caller's thread; beyond it records are dropped and counted "
+            "in rollout.telemetry.dropped. 0 emits inline, in the caller (synchronous)."),
     Setting("OTEL_ROLLOUT_REPORT_DIR", "report_dir", _path,
             "Write a PNG per step (request waterfall + response-length histogram) here; "
             "needs the [report] extra.", _render_opt),

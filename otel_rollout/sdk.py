@@ -13,12 +13,14 @@ import atexit
 import functools
 import logging
 import threading
+import time
 from typing import Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
+from otel_rollout import emitter
 from otel_rollout.guard import PROCESS
 from otel_rollout.ids import UrandomIdGenerator
 
@@ -51,11 +53,20 @@ def bound_exit(timeout_s: float) -> None:
     ``OTEL_EXPORTER_OTLP_TIMEOUT`` (10 s by default) — measured at +28 s (refused port) to +40 s
     (black hole) on a vLLM run's exit. Ours runs that shutdown in a daemon thread and waits at most
     ``timeout_s`` (``OTEL_ROLLOUT_EXIT_TIMEOUT``) for it, replacing the SDK's own handler.
+
+    Before that, request records still queued in the background emitter are emitted: the wait
+    lasts while the emitter makes progress (80,000 records take seconds of CPU, and are what the
+    run measured) and ends after ``timeout_s`` without any (see :mod:`otel_rollout.emitter`).
     """
+    emitter.drain_at_exit_elsewhere()
     atexit.register(_shutdown_within, timeout_s)
 
 
 def _shutdown_within(timeout_s: float) -> None:
+    emitter.drain_all(timeout_s)
+    # A drain of the span exporter is already stuck (collector down or hanging): the final
+    # export would wait on the same exporter, so exit does not wait for it at all.
+    stuck = emitter.exporter_stuck(timeout_s)
     candidates: tuple[Any, ...] = (trace.get_tracer_provider(), metrics.get_meter_provider())
     providers = [p for p in candidates
                  if callable(getattr(p, "shutdown", None)) and hasattr(p, "_atexit_handler")
@@ -78,9 +89,12 @@ def _shutdown_within(timeout_s: float) -> None:
                 _logger.debug("otel_rollout: provider shutdown failed at exit", exc_info=True)
 
     worker = threading.Thread(target=work, name="otel_rollout-exit", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
+    worker.start()  # even when stuck: shutting the exporters down ends their retries
+    worker.join(0.0 if stuck else timeout_s)
+    if stuck:
+        _logger.warning("otel_rollout: the span exporter did not answer; telemetry still buffered "
+                        "at exit is dropped so the process can end")
+    elif worker.is_alive():
         _logger.warning("otel_rollout: telemetry export did not finish within %.1f s of exit "
                         "(OTEL_ROLLOUT_EXIT_TIMEOUT); the rest is dropped so the process can end",
                         timeout_s)
@@ -119,9 +133,12 @@ def force_flush(timeout_s: float = 30.0) -> bool:
 
     The SDK batches spans and exports metrics periodically; a process that is killed (a Ray actor
     at ``ray.kill``/``ray.shutdown()``) loses whatever was still buffered, atexit handlers included.
+    Request records still queued in otel_rollout's background emitter are emitted first (a
+    provider's own ``force_flush`` cannot see them), all within ``timeout_s``.
     """
-    millis = int(timeout_s * 1000)
-    ok = True
+    deadline = time.monotonic() + timeout_s
+    ok = emitter.flush_all(timeout_s)
+    millis = max(0, int((deadline - time.monotonic()) * 1000))
     providers: tuple[Any, ...] = (trace.get_tracer_provider(), metrics.get_meter_provider())
     for provider in providers:
         flush = getattr(provider, "force_flush", None)

@@ -32,6 +32,9 @@ ROLLOUT_STEP_ATTRIBUTE_PREFIX = "rollout.step."
 METRIC_ACTIVE = "rollout.requests.active"
 METRIC_ENGINE_BUSY_TIME = "rollout.engine.busy_time"
 METRIC_ENGINE_IDLE_TIME = "rollout.engine.idle_time"
+METRIC_TELEMETRY_DROPPED = "rollout.telemetry.dropped"
+"""Request records whose spans and metric points were never made (the emitter's queue was full)."""
+ROLLOUT_DROP_REASON = "rollout.drop.reason"
 
 # --- step analytics: metric names, and step-span attributes where they share the name --------
 STEP_DURATION = "rollout.step.duration"

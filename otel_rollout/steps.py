@@ -7,6 +7,13 @@ Ray actors that received the context — is a descendant of the step span. The s
 holds that context and the records of the step's requests; when it ends it hands them to the
 pure analysis (:mod:`otel_rollout.analysis`), the emitter (:mod:`otel_rollout.telemetry`) and the
 reports (:mod:`otel_rollout.reports`), in that order.
+
+A step's end never waits for the background emitter (:mod:`otel_rollout.emitter`): records reach
+the step when the wrapper hands them over, already carrying the trace and span ids their spans
+will have, so the analysis, the summary's straggler ids and the step log are complete at once
+while the request spans and metric points are still being made. Where telemetry must be out of
+the process now (before a Ray actor is killed, at the end of a script that reads its own
+exporter), call ``otel_rollout.sdk.force_flush()``; a normal exit drains the emitter by itself.
 """
 
 from __future__ import annotations

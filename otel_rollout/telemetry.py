@@ -9,9 +9,12 @@ arrive and finish — not when we happened to look.
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -31,6 +34,7 @@ from otel_rollout.config import (
     load_config,
 )
 from otel_rollout.context import current_step, step_number
+from otel_rollout.emitter import Emitter
 from otel_rollout.guard import LogOnce
 from otel_rollout.semconv import (
     BATCH_SPAN_NAME,
@@ -38,8 +42,10 @@ from otel_rollout.semconv import (
     METRIC_ACTIVE,
     METRIC_ENGINE_BUSY_TIME,
     METRIC_ENGINE_IDLE_TIME,
+    METRIC_TELEMETRY_DROPPED,
     ROLLOUT_BATCH_SIZE,
     ROLLOUT_CACHED_TOKENS,
+    ROLLOUT_DROP_REASON,
     ROLLOUT_FINISH_REASON,
     ROLLOUT_QUEUE_TIME,
     ROLLOUT_STATISTIC,
@@ -87,27 +93,36 @@ class EngineActivity:
     """In-flight count of one engine, and how long it has spent busy (≥1 request) or idle.
 
     Fully-async rollouts have no step boundaries, so idleness is exposed as two monotonic
-    counters; ``rate(idle) / (rate(idle) + rate(busy))`` is the idle ratio.
+    counters; ``rate(idle) / (rate(idle) + rate(busy))`` is the idle ratio. The in-flight count
+    per operation feeds the observable ``rollout.requests.active``: a request pays a lock and a
+    clock read here instead of two SDK measurements.
     """
 
-    __slots__ = ("active", "busy_ns", "idle_ns", "_since", "_lock")
+    __slots__ = ("active", "by_operation", "busy_ns", "idle_ns", "_since", "_lock")
 
     def __init__(self) -> None:
         self.active = 0
+        self.by_operation: dict[str, int] = {}
         self.busy_ns = 0
         self.idle_ns = 0
         self._since = time.monotonic_ns()
         self._lock = threading.Lock()
 
-    def change(self, delta: int) -> None:
+    def change(self, delta: int, operation: str = "") -> None:
         with self._lock:
             self._accrue(time.monotonic_ns())
             self.active = max(0, self.active + delta)
+            ops = self.by_operation
+            ops[operation] = max(0, ops.get(operation, 0) + delta)
 
     def totals(self) -> tuple[float, float]:
         with self._lock:
             self._accrue(time.monotonic_ns())
             return self.busy_ns / 1e9, self.idle_ns / 1e9
+
+    def operations(self) -> list[tuple[str, int]]:
+        with self._lock:
+            return list(self.by_operation.items())
 
     def _accrue(self, now: int) -> None:
         if self.active > 0:
@@ -117,20 +132,141 @@ class EngineActivity:
         self._since = now
 
 
+class _MeterObservers:
+    """The observable instruments of one meter, reporting for every :class:`Telemetry` on it.
+
+    The SDK keeps the first observable instrument of a name on a meter and ignores a second
+    one's callbacks, so instruments registered per ``Telemetry`` would leave all but the first
+    emitter on a shared meter unreported. They are registered once per meter instead, and their
+    callbacks sum over the meter's members (same attributes from two members add up).
+    """
+
+    def __init__(self, meter: Meter) -> None:
+        self.members: weakref.WeakSet[Telemetry] = weakref.WeakSet()
+        meter.create_observable_up_down_counter(
+            METRIC_ACTIVE, callbacks=[self._active], unit="{request}",
+            description="Requests in flight in the engine now.")
+        meter.create_observable_counter(
+            METRIC_ENGINE_BUSY_TIME, callbacks=[self._busy], unit="s",
+            description="Time the engine had at least one request in flight.")
+        meter.create_observable_counter(
+            METRIC_ENGINE_IDLE_TIME, callbacks=[self._idle], unit="s",
+            description="Time the engine had no request in flight.")
+
+    def _sum(self, values: Iterator[tuple[dict[str, str], float]]) -> Iterator[Observation]:
+        totals: dict[frozenset[tuple[str, str]], tuple[dict[str, str], float]] = {}
+        for attrs, value in values:
+            key = frozenset(attrs.items())
+            seen = totals.get(key)
+            totals[key] = (attrs, value + (seen[1] if seen else 0))
+        for attrs, value in totals.values():
+            yield Observation(value, attrs)
+
+    def _active(self, options: CallbackOptions) -> Iterator[Observation]:
+        return self._sum((t._base_attributes(model, op), n)
+                         for t in list(self.members)
+                         for model, activity in list(t._engines.items())
+                         for op, n in activity.operations())
+
+    def _busy(self, options: CallbackOptions) -> Iterator[Observation]:
+        return self._sum((t._engine_attributes(model), activity.totals()[0])
+                         for t in list(self.members)
+                         for model, activity in list(t._engines.items()))
+
+    def _idle(self, options: CallbackOptions) -> Iterator[Observation]:
+        return self._sum((t._engine_attributes(model), activity.totals()[1])
+                         for t in list(self.members)
+                         for model, activity in list(t._engines.items()))
+
+
+_OBSERVERS: dict[int, tuple[Meter, _MeterObservers]] = {}
+_OBSERVERS_LOCK = threading.Lock()
+
+
+def _observers(meter: Meter) -> _MeterObservers:
+    """The meter's shared observable instruments, registered on its first Telemetry."""
+    with _OBSERVERS_LOCK:
+        entry = _OBSERVERS.get(id(meter))
+        if entry is None or entry[0] is not meter:
+            entry = (meter, _MeterObservers(meter))  # the meter is kept: its id stays unique
+            _OBSERVERS[id(meter)] = entry
+        return entry[1]
+
+
+class _PresetIds:
+    """An id generator for the emitter's tracer that returns the ids the caller already chose.
+
+    A request's trace and span ids are drawn on the caller's thread, when its record is handed
+    over, so the step analysis, reports and Ray step reports have them at once — without waiting
+    for the background emitter to make the span. The emitter thread sets them right before it
+    starts the span; anything else falls through to the provider's own generator.
+    """
+
+    __slots__ = ("inner", "trace_id", "span_id")
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.trace_id = 0
+        self.span_id = 0
+
+    def generate_span_id(self) -> int:
+        return self.span_id or int(self.inner.generate_span_id())
+
+    def generate_trace_id(self) -> int:
+        return self.trace_id or int(self.inner.generate_trace_id())
+
+    def is_trace_id_random(self) -> bool:
+        return bool(self.inner.is_trace_id_random())
+
+
+def _preset_tracer(tracer: Tracer) -> tuple[Tracer, _PresetIds | None]:
+    """A copy of an SDK tracer (same provider, scope, processors) whose ids can be preset."""
+    inner = getattr(tracer, "id_generator", None)
+    if inner is None or not callable(getattr(inner, "generate_span_id", None)):
+        return tracer, None  # not an SDK tracer (no-op, proxy): ids are set at emission
+    clone = copy.copy(tracer)
+    preset = _PresetIds(inner)
+    clone.id_generator = preset  # type: ignore[attr-defined]
+    return clone, preset
+
+
+def _pace_every() -> int:
+    """Spans between two drains of the tracer provider: a quarter of the batch queue."""
+    try:
+        size = int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", "") or 2048)
+    except ValueError:
+        size = 2048
+    return max(1, size // 4)
+
+
 class Telemetry:
     """The one emitter: every span and instrument otel_rollout makes is made here.
 
     One per instrumentor (one engine kind), on the providers that instrumentor was given; its
     request instruments and its step instruments are created once, here, never per step.
+
+    Request records are handed to a background :class:`~otel_rollout.emitter.Emitter` (unless
+    ``OTEL_ROLLOUT_EMIT_QUEUE=0``): the caller pays for building the record, choosing its ids and
+    one queue append; spans and metric points are made on the emitter's thread.
+    ``otel_rollout.sdk.force_flush()`` and a normal exit flush it; a step's end does not need to,
+    because the step already has its records and their ids.
     """
 
-    def __init__(self, provider: str, tracer: Tracer, meter: Meter, config: RolloutConfig) -> None:
+    def __init__(self, provider: str, tracer: Tracer, meter: Meter, config: RolloutConfig,
+                 tracer_provider: Any = None, scope: str | None = None) -> None:
         self.provider = provider
         self.tracer = tracer
         self.config = config
         self.log = LogOnce()
+        self._tracer_provider = tracer_provider
+        self._scope = scope
         self._engines: dict[str, EngineActivity] = {}
         self._engines_lock = threading.Lock()
+        self._request_tracer, self._preset = _preset_tracer(tracer)
+        self._emitter: Emitter | None = None
+        self._emitter_lock = threading.Lock()
+        self._label_sets: dict[tuple[str, str, str | None, str | None],
+                               tuple[dict[str, str], dict[str, str], dict[str, str]]] = {}
         lat = config.latency_buckets
         self.duration = meter.create_histogram(
             gen_ai_metrics.GEN_AI_SERVER_REQUEST_DURATION, unit="s",
@@ -151,14 +287,11 @@ class Telemetry:
         self.queue_time = meter.create_histogram(
             ROLLOUT_QUEUE_TIME, unit="s", description="Arrival until the scheduler first ran it.",
             explicit_bucket_boundaries_advisory=lat)
-        self.active = meter.create_up_down_counter(
-            METRIC_ACTIVE, unit="{request}", description="Requests in flight in the engine now.")
-        meter.create_observable_counter(
-            METRIC_ENGINE_BUSY_TIME, callbacks=[self._observe_busy], unit="s",
-            description="Time the engine had at least one request in flight.")
-        meter.create_observable_counter(
-            METRIC_ENGINE_IDLE_TIME, callbacks=[self._observe_idle], unit="s",
-            description="Time the engine had no request in flight.")
+        self.dropped = meter.create_counter(
+            METRIC_TELEMETRY_DROPPED, unit="{record}",
+            description="Request records whose spans and metric points were never made because "
+                        "the background emitter's queue was full (OTEL_ROLLOUT_EMIT_QUEUE).")
+        _observers(meter).members.add(self)
         self.step_instruments = StepInstruments(meter, config)
 
     # --- in-flight --------------------------------------------------------------------------
@@ -172,21 +305,11 @@ class Telemetry:
 
     def requests_started(self, model: str, operation: str, count: int = 1) -> None:
         with self.log.guard("in-flight accounting"):
-            self.active.add(count, self._base_attributes(model, operation))
-            self._engine(model).change(count)
+            self._engine(model).change(count, operation)
 
     def requests_ended(self, model: str, operation: str, count: int = 1) -> None:
         with self.log.guard("in-flight accounting"):
-            self.active.add(-count, self._base_attributes(model, operation))
-            self._engine(model).change(-count)
-
-    def _observe_busy(self, options: CallbackOptions) -> Iterator[Observation]:
-        for model, activity in list(self._engines.items()):
-            yield Observation(activity.totals()[0], self._engine_attributes(model))
-
-    def _observe_idle(self, options: CallbackOptions) -> Iterator[Observation]:
-        for model, activity in list(self._engines.items()):
-            yield Observation(activity.totals()[1], self._engine_attributes(model))
+            self._engine(model).change(-count, operation)
 
     def _engine_attributes(self, model: str, provider: str | None = None) -> dict[str, str]:
         return {GenAI.GEN_AI_PROVIDER_NAME: provider or self.provider,
@@ -232,18 +355,113 @@ class Telemetry:
 
     def emit(self, record: RequestRecord, parent: Context | None = None) -> None:
         """Turn one finished request into its span, metric points and step observation."""
-        with self.log.guard("request telemetry"):
-            self._emit(record, parent)
+        self.emit_all((record,), parent)
 
     def emit_all(self, records: Sequence[RequestRecord], parent: Context | None = None) -> None:
-        with self.log.guard("request telemetry"):
-            for record in records:
-                self._emit(record, parent)
+        """Hand finished requests over: observed by their step now, emitted in the background.
 
-    def _emit(self, record: RequestRecord, parent: Context | None) -> None:
-        span = self.tracer.start_span(
+        ``parent`` ``None`` means the caller's current context, captured here (the emitter's
+        thread has its own). Each record gets its trace and span ids now, so whoever holds it —
+        the step's analysis, a Ray step report — can name its span before the span exists.
+        """
+        with self.log.guard("request telemetry"):
+            if parent is None:
+                parent = otel_context.get_current()
+            capacity = self.config.emit_queue
+            if self._preset is None and isinstance(self.tracer, trace.ProxyTracer):
+                self._resolve_proxy()
+            if capacity <= 0 or self._preset is None:
+                self._emit_inline(records, parent)
+                return
+            self._assign_ids(records, parent)
+            step = current_step(parent)
+            if step is not None:
+                for record in records:
+                    step.observe(record)
+            emitter = self._emitter or self._start_emitter()
+            emitter.capacity = capacity
+            emitter.submit(records, parent)
+
+    def _resolve_proxy(self) -> None:
+        """Made before the SDK was set up: once it is, the emitter gets a tracer of its own."""
+        provider = self._tracer_provider or trace.get_tracer_provider()
+        if self._scope is None or isinstance(provider, trace.ProxyTracerProvider):
+            return
+        real = trace.get_tracer(self._scope, __version__, tracer_provider=provider,
+                                schema_url=SCHEMA_URL)
+        self._request_tracer, self._preset = _preset_tracer(real)
+
+    def _emit_inline(self, records: Sequence[RequestRecord], parent: Context) -> None:
+        """``OTEL_ROLLOUT_EMIT_QUEUE=0`` (or a tracer whose ids cannot be preset): as it happens."""
+        step = current_step(parent)
+        for record in records:
+            self._emit(record, parent, self.tracer, None)
+            if step is not None:
+                step.observe(record)
+
+    def _assign_ids(self, records: Sequence[RequestRecord], parent: Context) -> None:
+        """The ids the SDK would draw at ``start_span``, drawn now from the same generator."""
+        ids = self._preset.inner  # type: ignore[union-attr]  # checked by the caller
+        parent_ctx = trace.get_current_span(parent).get_span_context()
+        trace_id = parent_ctx.trace_id if parent_ctx.is_valid else 0
+        span_id = ids.generate_span_id
+        for record in records:
+            record.trace_id = trace_id or ids.generate_trace_id()
+            record.span_id = span_id()
+
+    def _start_emitter(self) -> Emitter:
+        with self._emitter_lock:
+            if self._emitter is None:
+                self._emitter = Emitter(
+                    self._emit_background, self.config.emit_queue,
+                    name=f"otel_rollout-emitter-{self.provider}", pace=self._drain_spans,
+                    pace_every=_pace_every(), on_drop=self._dropped,
+                    on_error=lambda exc: self.log.failed("request telemetry", exc))
+            return self._emitter
+
+    def _emit_background(self, records: Sequence[RequestRecord], parent: Context) -> None:
+        tracer, preset, guard = self._request_tracer, self._preset, self.log.guard("request telemetry")
+        for record in records:
+            with guard:  # one record's failure does not cost the others their telemetry
+                self._emit(record, parent, tracer, preset)
+
+    def _drain_spans(self) -> None:
+        """Let the tracer provider export what it holds (on the emitter's thread).
+
+        A ``BatchSpanProcessor`` holds 2,048 spans by default and drops the rest ("Queue full,
+        dropping Span"): 8,192 spans made in one burst arrived as 3,066. Draining after every
+        quarter-queue of spans keeps its queue from ever filling.
+        """
+        provider = self._tracer_provider or trace.get_tracer_provider()
+        flush = getattr(provider, "force_flush", None)
+        if flush is not None:
+            flush()
+
+    def _dropped(self, count: int) -> None:
+        """The queue was full: count what is lost and say, once, which setting to raise."""
+        with self.log.guard("dropped records"):
+            self.dropped.add(count, {GenAI.GEN_AI_PROVIDER_NAME: self.provider,
+                                     ROLLOUT_DROP_REASON: "queue_full"})
+        self.log.warn("emit queue full",
+                      "otel_rollout: %d request record(s) dropped: the background emitter's queue "
+                      "of %d records was full (raise OTEL_ROLLOUT_EMIT_QUEUE, or set it to 0 to "
+                      "emit in the caller); counted in %s. Further drops are only counted.",
+                      count, self.config.emit_queue, METRIC_TELEMETRY_DROPPED)
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every record handed to this emitter so far has its span and points."""
+        emitter = self._emitter
+        return True if emitter is None else emitter.flush(timeout_s)
+
+    def _emit(self, record: RequestRecord, parent: Context | None, tracer: Tracer,
+              preset: _PresetIds | None) -> None:
+        if preset is not None:
+            preset.trace_id, preset.span_id = record.trace_id, record.span_id
+        span = tracer.start_span(
             f"{record.operation} {record.model}", context=parent, kind=SpanKind.INTERNAL,
             start_time=record.arrival_ns, attributes=self._span_attributes(record, parent))
+        if preset is not None:
+            preset.trace_id = preset.span_id = 0
         if record.first_token_ns is not None:
             span.add_event(EVENT_FIRST_TOKEN, timestamp=record.first_token_ns)
         if record.error is not None:
@@ -253,11 +471,7 @@ class Telemetry:
         record.trace_id, record.span_id = span_context.trace_id, span_context.span_id
 
         ctx = trace.set_span_in_context(span, parent)
-        attrs = self._base_attributes(record.model, record.operation)
-        if record.finish_reason is not None:
-            attrs[ROLLOUT_FINISH_REASON] = record.finish_reason
-        if record.error is not None:
-            attrs[error_attributes.ERROR_TYPE] = type(record.error).__qualname__
+        attrs, inputs, outputs = self._metric_attributes(record)
         self.duration.record(record.duration_s, attrs, context=ctx)
         if (ttft := record.ttft_s) is not None:
             self.ttft.record(ttft, attrs, context=ctx)
@@ -266,15 +480,29 @@ class Telemetry:
         if (queue := record.queue_time_s) is not None:
             self.queue_time.record(queue, attrs, context=ctx)
         if record.prompt_tokens is not None:
-            self.tokens.record(record.prompt_tokens,
-                               {**attrs, GenAI.GEN_AI_TOKEN_TYPE: "input"}, context=ctx)
+            self.tokens.record(record.prompt_tokens, inputs, context=ctx)
         if record.output_tokens is not None:
-            self.tokens.record(record.output_tokens,
-                               {**attrs, GenAI.GEN_AI_TOKEN_TYPE: "output"}, context=ctx)
+            self.tokens.record(record.output_tokens, outputs, context=ctx)
 
-        step = current_step(parent)
-        if step is not None:
-            step.observe(record)
+    def _metric_attributes(
+            self, record: RequestRecord) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+        """A request's metric label sets, built once per label combination (labels are bounded:
+        model, operation, finish reason, error type), not three dicts per request."""
+        error = type(record.error).__qualname__ if record.error is not None else None
+        reason = record.finish_reason
+        key = (record.model, record.operation, reason, error)
+        cached = self._label_sets.get(key)
+        if cached is None:
+            attrs = self._base_attributes(record.model, record.operation)
+            if reason is not None:
+                attrs[ROLLOUT_FINISH_REASON] = reason
+            if error is not None:
+                attrs[error_attributes.ERROR_TYPE] = error
+            cached = (attrs, {**attrs, GenAI.GEN_AI_TOKEN_TYPE: "input"},
+                      {**attrs, GenAI.GEN_AI_TOKEN_TYPE: "output"})
+            if len(self._label_sets) < 4096:  # bounded even if error types are not
+                self._label_sets[key] = cached
+        return cached
 
     # --- steps ----------------------------------------------------------------------------------
 
@@ -448,7 +676,8 @@ def create_telemetry(provider: str, tracer_provider: Any = None, meter_provider:
                               schema_url=SCHEMA_URL)
     meter = metrics.get_meter(scope, __version__, meter_provider=meter_provider,
                               schema_url=SCHEMA_URL)
-    return Telemetry(provider, tracer, meter, config or load_config())
+    return Telemetry(provider, tracer, meter, config or load_config(),
+                     tracer_provider=tracer_provider, scope=scope)
 
 
 def register(telemetry: Telemetry) -> None:

@@ -46,9 +46,11 @@ class OTelHarness:
         self._baseline = self._points()
 
     def finished_spans(self) -> list[Any]:
+        flush_emitters()
         return list(self.spans.get_finished_spans())
 
     def _points(self) -> dict[tuple[str, frozenset[Any]], Any]:
+        flush_emitters()
         data = self.reader.get_metrics_data()
         out: dict[tuple[str, frozenset[Any]], Any] = {}
         if data is None:
@@ -87,6 +89,14 @@ class _Delta:
             self.count = 0
             self.value = point.value - (base.value if base else 0)
         self.exemplars = list(getattr(point, "exemplars", []) or [])
+
+
+def flush_emitters() -> None:
+    """Where a user reads telemetry (``otel_rollout.sdk.force_flush``), the harness reads it too:
+    request records are emitted on a background thread, so wait until it has caught up."""
+    from otel_rollout.emitter import flush_all
+
+    assert flush_all(60.0), "the background emitter did not catch up within 60 s"
 
 
 _HARNESS: OTelHarness | None = None

@@ -44,6 +44,8 @@ MALFORMED = [
     ("OTEL_ROLLOUT_EXIT_TIMEOUT", "-1"),
     ("OTEL_ROLLOUT_STEP_WAIT", "a while"),
     ("OTEL_ROLLOUT_STEP_WAIT", "-2"),
+    ("OTEL_ROLLOUT_EMIT_QUEUE", "big"),
+    ("OTEL_ROLLOUT_EMIT_QUEUE", "-1"),
     ("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "perhaps"),
 ]
 
@@ -143,6 +145,7 @@ def test_bucket_override_on_a_new_meter_provider(env: str, names: tuple[str, ...
     telemetry = build_telemetry("vllm", {"meter_provider": meter_provider,
                                          "tracer_provider": TracerProvider()})
     telemetry.emit(make_record("bucket-model"))
+    assert telemetry.flush(30.0)  # records are emitted in the background
     bounds = _bounds(reader, "bucket-model")
     for name in names:
         assert bounds[name] == {CUSTOM_BOUNDS}, name
@@ -172,8 +175,10 @@ def test_bucket_override_under_an_existing_meter_provider(env: str, names: tuple
 def test_default_buckets_reach_the_histograms(model: str) -> None:
     reader = InMemoryMetricReader()
     meter_provider = MeterProvider(metric_readers=[reader])
-    Telemetry("vllm", TracerProvider().get_tracer("t"), meter_provider.get_meter("t"),
-              RolloutConfig()).emit(make_record(model))
+    telemetry = Telemetry("vllm", TracerProvider().get_tracer("t"), meter_provider.get_meter("t"),
+                          RolloutConfig())
+    telemetry.emit(make_record(model))
+    assert telemetry.flush(30.0)  # records are emitted in the background
     bounds = _bounds(reader, model)
     assert bounds["gen_ai.server.request.duration"] == {cfg.DEFAULT_LATENCY_BUCKETS}
     assert bounds["gen_ai.server.time_to_first_token"] == {cfg.DEFAULT_TTFT_BUCKETS}

@@ -44,6 +44,7 @@ def test_exemplar_ids_match_the_received_span(protocol: str, otlp_receiver: OTLP
         for i in range(3):  # several requests: each exemplar must point at its own span
             telemetry.emit(make_record(model, request_id=f"{protocol}-{i}", output_tokens=3 + i,
                                        finish_ns=make_record(model).arrival_ns + (i + 1) * 10**9))
+        assert telemetry.flush(10.0)  # our background emitter first, as sdk.force_flush does
         assert tracer_provider.force_flush(10_000)
         assert meter_provider.force_flush(10_000)
         assert otlp_receiver.wait_for(lambda r: len(r.spans()) >= 3 and r.metrics(), timeout=15)

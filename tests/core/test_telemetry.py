@@ -287,6 +287,7 @@ def test_broken_instrument_is_logged_once_and_not_raised(otel, make_telemetry, m
     with caplog.at_level("WARNING", logger="otel_rollout"):
         for i in range(5):
             telemetry.emit(make_record(model, request_id=f"r{i}"))
+        telemetry.flush()  # the failure happens on the emitter's thread
     failures = [r for r in caplog.records if "telemetry failed" in r.getMessage()]
     assert len(failures) == 1
     assert "injected histogram failure" in caplog.text

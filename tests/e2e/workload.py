@@ -13,9 +13,8 @@ import argparse
 import json
 import sys
 
-from opentelemetry import trace
-
 from otel_rollout import rollout_step
+from otel_rollout.sdk import force_flush
 from testkit.engines import VLLM_KWARGS, long_tail_lengths, vllm_environment
 
 
@@ -41,9 +40,7 @@ def main() -> None:
         for out in outputs:
             print(json.dumps({"step": step, "request_id": out.request_id,
                               "output_tokens": len(out.outputs[0].token_ids)}), flush=True)
-    provider = trace.get_tracer_provider()
-    if hasattr(provider, "force_flush"):
-        provider.force_flush()
+    force_flush()  # ours: the background emitter, then the SDK's providers
     print("DONE", flush=True)
     if args.linger:
         sys.stdin.read()

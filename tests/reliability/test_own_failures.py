@@ -18,7 +18,7 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_rollout.telemetry import LogOnce
-from tests.conftest import OTelHarness
+from tests.conftest import OTelHarness, flush_emitters
 from tests.reliability.helpers import active_delta, in_flight, request_spans, vllm_telemetry
 
 pytestmark = pytest.mark.vllm
@@ -35,6 +35,14 @@ class _FaultyInstrument:
 
     def add(self, *args: Any, **kwargs: Any) -> None:
         raise RuntimeError(f"FAULT INJECTION: {self.what}.add")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(f"FAULT INJECTION: {self.what}")
+
+
+# The in-flight count is an observable fed from Telemetry's per-engine activity: its fault is
+# in the accounting every request goes through (``Telemetry._engine``), not in an instrument.
+_TARGET = {"active": "_engine"}
 
 
 class _FaultySpanProcessor(SpanProcessor):
@@ -93,6 +101,7 @@ def _two_batches_equal_reference(llm: Any, vllm_module: Any) -> None:
         with suppress_instrumentation():
             reference = llm.generate(prompts, params, use_tqdm=False)
         outputs = llm.generate(prompts, params, use_tqdm=False)
+        flush_emitters()  # spans and points are made on the emitter's thread: the fault is there
         assert _tokens(outputs) == _tokens(reference)
         assert [o.request_id for o in outputs] == sorted((o.request_id for o in outputs), key=int)
 
@@ -102,7 +111,8 @@ def test_broken_instrument_offline(instrument: str, otel: OTelHarness, llm: Any,
                                    vllm_module: Any, fresh_log: Any,
                                    monkeypatch: pytest.MonkeyPatch,
                                    caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(fresh_log, instrument, _FaultyInstrument(instrument))  # FAULT INJECTION
+    monkeypatch.setattr(fresh_log, _TARGET.get(instrument, instrument),
+                        _FaultyInstrument(instrument))  # FAULT INJECTION
     with caplog.at_level(logging.WARNING):
         _two_batches_equal_reference(llm, vllm_module)
     failures = _failures(caplog)
@@ -139,6 +149,7 @@ def test_broken_instrument_async(otel: OTelHarness, async_engine: Any, vllm_modu
     with caplog.at_level(logging.WARNING):
         assert aloop.run_until_complete(run("b1")) == reference
         assert aloop.run_until_complete(run("b2")) == reference
+        flush_emitters()
     assert len(_failures(caplog)) == 1
     assert len(request_spans(otel)) == 10  # spans are still made; only the histogram broke
     assert active_delta(otel) == 0
@@ -158,6 +169,7 @@ def test_broken_span_processor_offline(mode: str, otel: OTelHarness, llm: Any, v
                 with suppress_instrumentation():
                     reference = llm.generate(prompts, params, use_tqdm=False)
                 outputs = llm.generate(prompts, params, use_tqdm=False)
+                flush_emitters()
                 assert _tokens(outputs) == _tokens(reference)
                 counts.append(len(_failures(caplog)))
     finally:
@@ -187,6 +199,7 @@ def test_broken_span_processor_async(mode: str, otel: OTelHarness, async_engine:
         with caplog.at_level(logging.WARNING):
             for i in range(4):
                 assert aloop.run_until_complete(collect(f"sp-{mode}-{i}")) == reference
+            flush_emitters()
     finally:
         faulty_processor.mode = None
     assert len(_failures(caplog)) == 1

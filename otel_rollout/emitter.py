@@ -1,0 +1,369 @@
+"""The background emitter: finished request records become telemetry off the caller's thread.
+
+A 10,000-request ``LLM.generate`` used to spend ≈ 1.8 s after the engine returned making spans and
+metric points — the OpenTelemetry SDK's own cost, paid while the trainer's GPUs wait. The wrappers
+now build the records (cheap), hand them to one :class:`Emitter` per
+:class:`~otel_rollout.telemetry.Telemetry` and return the engine's outputs at once; a daemon thread
+turns the records into spans and metric points.
+
+Policy, in one place:
+
+* **Bounded**: at most ``OTEL_ROLLOUT_EMIT_QUEUE`` records wait. A submission that does not fit is
+  dropped whole-or-part — never blocking the caller, never growing memory — counted in
+  ``rollout.telemetry.dropped`` and named in one warning that says which setting to raise.
+  ``OTEL_ROLLOUT_EMIT_QUEUE=0`` turns the emitter off: records are emitted inline, in the caller.
+* **Paced**: every ``pace_every`` spans the emitter lets the tracer provider drain (its
+  ``force_flush``) and waits for that, so a burst of 80,000 spans never overflows a
+  ``BatchSpanProcessor`` queue (2,048 by default) and loses spans there. It waits at most
+  ``PACE_WAIT_S`` and never starts a second drain while one is still running: an exporter that
+  hangs (collector down) costs the emitter those seconds once, not the queue's memory; its spans
+  are then dropped where they always were, in the SDK's batch queue.
+* **Flushed**: :func:`flush_all` waits for everything submitted before the call (used by
+  ``otel_rollout.sdk.force_flush`` and at exit); at exit the wait lasts as long as the emitter makes
+  progress, and at most ``OTEL_ROLLOUT_EXIT_TIMEOUT`` seconds without any.
+* **Fork-safe**: ``os.register_at_fork`` waits (at most ``FORK_WAIT_S``) for the emitter to finish
+  the chunk it is on — so the child inherits no SDK lock taken mid-record — and gives the child
+  an empty queue and no thread; the child's first record starts its own. Spawned processes (Ray
+  workers, vLLM's engine processes) start fresh anyway.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+
+    from otel_rollout.record import RequestRecord
+
+_logger = logging.getLogger(__name__)
+
+Sink = Callable[[Sequence["RequestRecord"], "Context"], None]
+"""Makes the spans and metric points of some records under one parent (runs on the emitter thread)."""
+
+_CHUNK = 256
+"""Records emitted between two progress updates (what flushers and the exit wait observe)."""
+
+_GATHER_S = 0.002
+"""After a wake-up, how long the emitter lets records gather before it starts on them."""
+
+NEVER_ANSWERED_S = 0.5
+"""At exit, how long a first drain may go unanswered before the exporter counts as down."""
+
+PACE_WAIT_S = 5.0
+"""How long the emitter waits for one drain of the tracer provider before it goes on: generous,
+since a slow but working exporter is what pacing is for; a dead one costs this once, then the
+emitter runs on without pacing until that drain returns."""
+
+
+class _Pacer:
+    """Runs the provider's drain on a helper thread; the emitter waits for it, within bounds."""
+
+    def __init__(self, drain: Callable[[], object], wait_s: float) -> None:
+        self._drain = drain
+        self._wait_s = wait_s
+        self._done = threading.Event()
+        self._busy = False
+        self._since = 0.0
+        self.answered = 0
+        """Drains that returned: the exporter has answered at least this often."""
+
+    def pace(self) -> bool:
+        """Drain and wait; ``False`` if it did not finish in time or one is still running."""
+        if self._busy:
+            return False  # the last drain is stuck in the exporter: do not pile up more
+        self._busy = True
+        self._since = time.monotonic()
+        self._done.clear()
+        threading.Thread(target=self._run, name="otel_rollout-pace", daemon=True).start()
+        return self._done.wait(self._wait_s)
+
+    def stuck(self, after_s: float) -> bool:
+        """A drain has been waiting on the exporter for longer than ``after_s`` — or longer than
+        ``NEVER_ANSWERED_S`` if no drain ever returned (collector down since the start)."""
+        limit = after_s if self.answered else min(after_s, NEVER_ANSWERED_S)
+        return self._busy and time.monotonic() - self._since > limit
+
+    def _run(self) -> None:
+        try:
+            self._drain()
+        except Exception:  # the exporter's failure; the SDK logged it
+            _logger.debug("otel_rollout: tracer provider drain failed", exc_info=True)
+        finally:
+            self.answered += 1
+            self._busy = False
+            self._done.set()
+
+
+class Emitter:
+    """A bounded FIFO of record batches and the daemon thread that emits them."""
+
+    def __init__(self, sink: Sink, capacity: int, *, name: str = "otel_rollout-emitter",
+                 pace: Callable[[], object] | None = None, pace_every: int = 512,
+                 on_drop: Callable[[int], None] | None = None,
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
+        self._sink = sink
+        self.capacity = capacity
+        self._name = name
+        self._drain_provider = pace
+        self._pace_every = max(1, pace_every)
+        self._on_drop = on_drop
+        self._on_error = on_error
+        self.dropped = 0
+        """Records refused because the queue was full (since this process started it)."""
+        self._reset()
+        _LIVE.add(self)
+
+    def _reset(self) -> None:
+        """Fresh state: at creation, and in a forked child (whose parent keeps its own queue).
+
+        The caller's path never takes a lock the emitter thread holds while it runs Python code:
+        with the GIL, such a lock makes the caller wait for the emitter's next switch interval
+        (measured: ~200 µs per streamed request). Callers share ``_submit_lock`` among
+        themselves; the emitter alone writes ``_processed``; ``_wake`` rouses an idle emitter;
+        ``_cond`` is only for those who wait for progress (flush, exit).
+        """
+        self._submit_lock = threading.Lock()
+        self._work_lock = threading.Lock()
+        """Held while records are being emitted: a fork waits for it, so the child never inherits
+        an SDK lock (metric aggregation, span exporter) taken by this thread mid-record."""
+        self._wake = threading.Event()
+        self._cond = threading.Condition(threading.Lock())
+        self._waiters = 0
+        self._queue: deque[tuple[Sequence[RequestRecord], Context]] = deque()
+        self._submitted = 0
+        self._processed = 0
+        self._since_pace = 0
+        self._pacer = None if self._drain_provider is None else _Pacer(self._drain_provider,
+                                                                      PACE_WAIT_S)
+        self._thread: threading.Thread | None = None
+
+    # --- the caller's side ----------------------------------------------------------------
+
+    def submit(self, records: Sequence[RequestRecord], parent: Context) -> int:
+        """Queue ``records`` for emission under ``parent``; returns how many were dropped."""
+        count = len(records)
+        if not count:
+            return 0
+        dropped = 0
+        with self._submit_lock:
+            room = self.capacity - (self._submitted - self._processed)
+            if count > room:
+                dropped = count - max(0, room)
+                records = records[:max(0, room)]
+                count -= dropped
+                self.dropped += dropped
+            if count:
+                self._submitted += count
+                self._queue.append((records, parent))
+                if self._thread is None:
+                    self._start()
+        if count and not self._wake.is_set():
+            self._wake.set()
+        if dropped and self._on_drop is not None:
+            self._on_drop(dropped)
+        return dropped
+
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+        _register_exit_drain()
+
+    @property
+    def pending(self) -> int:
+        """Records submitted and not yet emitted."""
+        return self._submitted - self._processed
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every record submitted before this call is emitted; ``True`` if all were."""
+        target = self._submitted
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._waiters += 1
+            try:
+                while self._processed < target:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._alive():
+                        return False
+                    self._cond.wait(min(left, 0.1))
+            finally:
+                self._waiters -= 1
+        return True
+
+    def drain(self, stall_s: float, give_up: Callable[[], bool] = lambda: False) -> bool:
+        """Wait while the emitter makes progress, giving up after ``stall_s`` without any.
+
+        Exit uses this: emitting 80,000 queued records takes seconds of CPU, which is progress
+        and worth waiting for; an emitter stuck behind an unreachable exporter makes none.
+        ``give_up`` ends the wait early (the exporter is known not to answer).
+        """
+        target = self._submitted
+        seen = self._processed
+        deadline = time.monotonic() + stall_s
+        with self._cond:
+            self._waiters += 1
+            try:
+                while self._processed < target:
+                    if self._processed != seen:
+                        seen = self._processed
+                        deadline = time.monotonic() + stall_s
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._alive() or give_up():
+                        return False
+                    self._cond.wait(min(left, 0.05))
+            finally:
+                self._waiters -= 1
+        return True
+
+    def _alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # --- the emitter thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        queue, wake = self._queue, self._wake
+        while True:
+            if not queue:
+                wake.clear()
+                if not queue:  # a submit between the check and the clear set it again
+                    wake.wait()
+                    # Let a stream of single records gather: one wake-up per window instead of
+                    # one per request (a thread switch costs both threads several µs).
+                    time.sleep(_GATHER_S)
+                continue
+            records, parent = queue.popleft()
+            for start in range(0, len(records), _CHUNK):
+                chunk = records[start:start + _CHUNK]
+                try:
+                    with self._work_lock:
+                        self._sink(chunk, parent)
+                except Exception as exc:  # the thread must outlive any failure of ours
+                    if self._on_error is not None:
+                        self._on_error(exc)
+                count = len(chunk)
+                del chunk
+                self._after(count)
+            # Hold nothing while idle: a record's error keeps its traceback, whose frames keep
+            # the caller's per-call state (vLLM step times, stream observers) alive.
+            del records, parent
+
+    def _after(self, count: int) -> None:
+        self._since_pace += count
+        if self._pacer is not None and self._since_pace >= self._pace_every:
+            self._since_pace = 0
+            self._pacer.pace()
+        self._processed += count  # only this thread writes it
+        if self._waiters:
+            with self._cond:
+                self._cond.notify_all()
+
+
+# --- every emitter of the process --------------------------------------------------------------
+
+_LIVE: weakref.WeakSet[Emitter] = weakref.WeakSet()
+_EXIT_REGISTERED = threading.Lock()
+_exit_state: list[bool] = []
+_exit_drained_elsewhere: list[bool] = []
+
+
+def drain_at_exit_elsewhere() -> None:
+    """Called by ``otel_rollout.sdk.bound_exit``: its handler drains, then shuts providers down."""
+    _exit_drained_elsewhere.append(True)
+
+
+def flush_all(timeout_s: float) -> bool:
+    """Wait (at most ``timeout_s`` in all) until every emitter has emitted what it was given."""
+    deadline = time.monotonic() + timeout_s
+    ok = True
+    for emitter in list(_LIVE):
+        ok = emitter.flush(max(0.0, deadline - time.monotonic())) and ok
+    return ok
+
+
+def drain_all(stall_s: float) -> bool:
+    """Exit: emit everything queued while progress is made (see :meth:`Emitter.drain`).
+
+    Gives up as soon as one drain of the span exporter has taken longer than ``stall_s``, or
+    ``NEVER_ANSWERED_S`` for an exporter that never answered (:func:`exporter_stuck`): what would
+    still be emitted could not be exported in time anyway.
+    """
+    ok = True
+    for emitter in list(_LIVE):
+        if emitter.pending:
+            ok = emitter.drain(stall_s, lambda: exporter_stuck(stall_s)) and ok
+    if not ok:
+        left = sum(e.pending for e in list(_LIVE))
+        _logger.warning("otel_rollout: %d request record(s) were not emitted at exit: the span "
+                        "exporter did not answer, or the emitter made no progress for %.1f s "
+                        "(OTEL_ROLLOUT_EXIT_TIMEOUT); they are dropped so the process can end",
+                        left, stall_s)
+    return ok
+
+
+def exporter_stuck(after_s: float) -> bool:
+    """Whether some emitter's drain of its tracer provider has been in the exporter > ``after_s``.
+
+    At exit (``after_s`` = ``OTEL_ROLLOUT_EXIT_TIMEOUT``) this means the span exporter does not
+    answer within the bound (collector down or hanging): the providers' final shutdown would wait
+    on the same exporter, so exit does not wait for it.
+    """
+    return any(e._pacer.stuck(after_s) for e in list(_LIVE) if e._pacer is not None)
+
+
+def _register_exit_drain() -> None:
+    """Once per process, when the first emitter starts: drain at exit (unless ``bound_exit`` will).
+
+    ``atexit`` runs handlers last-registered first, so this one usually runs before the SDK's own
+    provider shutdown (registered when the provider was made) — the records reach the exporter.
+    """
+    with _EXIT_REGISTERED:
+        if _exit_state:
+            return
+        _exit_state.append(True)
+    atexit.register(_drain_at_exit)
+
+
+def _drain_at_exit() -> None:
+    if _exit_drained_elsewhere:
+        return  # sdk's bounded shutdown drains first, then shuts the providers down
+    from otel_rollout.config import load_config
+
+    drain_all(load_config(warn=False).exit_timeout)
+
+
+_held_for_fork: list[Emitter] = []
+
+FORK_WAIT_S = 1.0
+"""How long a fork waits for an emitter to finish the chunk it is on."""
+
+
+def _before_fork() -> None:
+    for emitter in list(_LIVE):
+        if emitter._work_lock.acquire(timeout=FORK_WAIT_S):
+            _held_for_fork.append(emitter)
+
+
+def _after_fork_in_parent() -> None:
+    while _held_for_fork:
+        _held_for_fork.pop()._work_lock.release()
+
+
+def _after_fork_in_child() -> None:
+    _held_for_fork.clear()
+    global _EXIT_REGISTERED
+    _EXIT_REGISTERED = threading.Lock()  # the parent may have held it at the fork
+    for emitter in list(_LIVE):
+        emitter._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
