@@ -26,6 +26,7 @@ if str(REPO) not in sys.path:
 
 # --- the OTel SDK, configured identically for "ours" and the floor ------------------------------
 
+
 class NullSpanExporter:
     """A span exporter that accepts and drops everything (the SDK's cost without I/O)."""
 
@@ -80,6 +81,7 @@ def setup_sdk(processor: str = "simple", views: Any = ()) -> tuple[Any, Any, Any
 
 # --- real-shaped vLLM outputs ------------------------------------------------------------------
 
+
 def long_tail(n: int, seed: int = 0, high: int = 256) -> list[int]:
     from testkit.engines import long_tail_lengths
 
@@ -100,20 +102,38 @@ def make_stats(arrival: float, mono0: float, tokens: int) -> Any:
     return s
 
 
-def make_output(rid: str, tokens: int, *, stats: bool, finished: bool = True,
-                prompt_len: int = 12, metrics: Any = None) -> Any:
+def make_output(
+    rid: str,
+    tokens: int,
+    *,
+    stats: bool,
+    finished: bool = True,
+    prompt_len: int = 12,
+    metrics: Any = None,
+) -> Any:
     """A vllm.outputs.RequestOutput exactly as LLM.generate / AsyncLLM return it."""
     from vllm.outputs import CompletionOutput, RequestOutput
 
     if stats and metrics is None:
         metrics = make_stats(time.time() - 1.0, time.monotonic() - 1.0, tokens)
-    choice = CompletionOutput(index=0, text="x" * tokens, token_ids=list(range(tokens)),
-                              cumulative_logprob=None, logprobs=None,
-                              finish_reason="length" if finished else None)
-    return RequestOutput(request_id=rid, prompt=f"prompt {rid}",
-                         prompt_token_ids=list(range(prompt_len)), prompt_logprobs=None,
-                         outputs=[choice], finished=finished, metrics=metrics,
-                         num_cached_tokens=0)
+    choice = CompletionOutput(
+        index=0,
+        text="x" * tokens,
+        token_ids=list(range(tokens)),
+        cumulative_logprob=None,
+        logprobs=None,
+        finish_reason="length" if finished else None,
+    )
+    return RequestOutput(
+        request_id=rid,
+        prompt=f"prompt {rid}",
+        prompt_token_ids=list(range(prompt_len)),
+        prompt_logprobs=None,
+        outputs=[choice],
+        finished=finished,
+        metrics=metrics,
+        num_cached_tokens=0,
+    )
 
 
 def make_outputs(lengths: Sequence[int], *, stats: bool) -> list[Any]:
@@ -123,8 +143,10 @@ def make_outputs(lengths: Sequence[int], *, stats: bool) -> list[Any]:
 def make_params(lengths: Sequence[int]) -> list[Any]:
     from vllm import SamplingParams
 
-    return [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.7, seed=i)
-            for i, n in enumerate(lengths)]
+    return [
+        SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.7, seed=i)
+        for i, n in enumerate(lengths)
+    ]
 
 
 class _ModelConfig:
@@ -139,6 +161,7 @@ class _Engine:
 
 
 # --- system facts for the results table ----------------------------------------------------------
+
 
 def machine() -> dict[str, Any]:
     info: dict[str, Any] = {
@@ -168,8 +191,9 @@ def machine() -> dict[str, Any]:
     except Exception:
         pass
     try:
-        info["commit"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                                        capture_output=True, text=True).stdout.strip()
+        info["commit"] = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         pass
     return info
@@ -182,8 +206,12 @@ def rss_bytes() -> int:
 
 def band(values: Sequence[float], digits: int = 4) -> dict[str, float]:
     """min / median / max of a series (the noise band we report)."""
-    return {"min": round(min(values), digits), "median": round(statistics.median(values), digits),
-            "max": round(max(values), digits), "n": len(values)}
+    return {
+        "min": round(min(values), digits),
+        "median": round(statistics.median(values), digits),
+        "max": round(max(values), digits),
+        "n": len(values),
+    }
 
 
 def write(out: str | None, result: dict[str, Any]) -> None:

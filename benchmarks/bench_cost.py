@@ -45,6 +45,7 @@ import _common as C
 
 def build(telemetry: Any, lengths: list[int], stats: bool) -> dict[str, Any]:
     import wrapt
+
     from otel_rollout.vllm import adapter
 
     outputs = C.make_outputs(lengths, stats=stats)
@@ -68,15 +69,25 @@ def build(telemetry: Any, lengths: list[int], stats: bool) -> dict[str, Any]:
             self.finish_reason = finish
 
     requests = [Request(i) for i in range(len(lengths))]
-    steps = [[ECO(r.request_id, "length" if n == s + 1 else None)
-              for r, n in zip(requests, lengths) if n > s] for s in range(max(lengths))]
+    steps = [
+        [
+            ECO(r.request_id, "length" if n == s + 1 else None)
+            for r, n in zip(requests, lengths, strict=False)
+            if n > s
+        ]
+        for s in range(max(lengths))
+    ]
 
     class BareProcessor:
         def add_request(self, request: Any) -> None:
             pass
 
-        def process_outputs(self, engine_core_outputs: Any, engine_core_timestamp: Any = None,
-                            iteration_stats: Any = None) -> None:
+        def process_outputs(
+            self,
+            engine_core_outputs: Any,
+            engine_core_timestamp: Any = None,
+            iteration_stats: Any = None,
+        ) -> None:
             pass
 
     class BareLLM:
@@ -84,7 +95,9 @@ def build(telemetry: Any, lengths: list[int], stats: bool) -> dict[str, Any]:
             self.llm_engine = C._Engine(log_stats=stats)
             self.processor = processor
 
-        def generate(self, prompts: Any, sampling_params: Any = None, *, use_tqdm: bool = True) -> Any:
+        def generate(
+            self, prompts: Any, sampling_params: Any = None, *, use_tqdm: bool = True
+        ) -> Any:
             proc = self.processor
             for r in requests:
                 proc.add_request(r)
@@ -98,15 +111,24 @@ def build(telemetry: Any, lengths: list[int], stats: bool) -> dict[str, Any]:
     class InstLLM(BareLLM):
         pass
 
-    wrapt.wrap_function_wrapper(InstProcessor, "add_request", adapter.add_request_wrapper(telemetry))
-    wrapt.wrap_function_wrapper(InstProcessor, "process_outputs", adapter.process_outputs_wrapper(telemetry))
-    wrapt.wrap_function_wrapper(InstLLM, "generate",
-                                adapter.offline_wrapper(telemetry, "text_completion"))
+    wrapt.wrap_function_wrapper(
+        InstProcessor, "add_request", adapter.add_request_wrapper(telemetry)
+    )
+    wrapt.wrap_function_wrapper(
+        InstProcessor, "process_outputs", adapter.process_outputs_wrapper(telemetry)
+    )
+    wrapt.wrap_function_wrapper(
+        InstLLM, "generate", adapter.offline_wrapper(telemetry, "text_completion")
+    )
     bare, inst = BareLLM(BareProcessor()), InstLLM(InstProcessor())
-    return {"A": lambda: inst.generate(prompts, params, use_tqdm=False),
-            "B": lambda: bare.generate(prompts, params, use_tqdm=False),
-            "outputs": outputs, "params": params, "requests": len(lengths),
-            "step_outputs": sum(lengths)}
+    return {
+        "A": lambda: inst.generate(prompts, params, use_tqdm=False),
+        "B": lambda: bare.generate(prompts, params, use_tqdm=False),
+        "outputs": outputs,
+        "params": params,
+        "requests": len(lengths),
+        "step_outputs": sum(lengths),
+    }
 
 
 def floor_for(telemetry: Any, records: list[Any], parent_fn: Any) -> Any:
@@ -132,9 +154,19 @@ def floor_for(telemetry: Any, records: list[Any], parent_fn: Any) -> Any:
         if rec.queue_time_s is not None:
             hist.append((telemetry.queue_time, rec.queue_time_s, mattrs))
         hist.append((telemetry.tokens, rec.prompt_tokens, {**mattrs, "gen_ai.token.type": "input"}))
-        hist.append((telemetry.tokens, rec.output_tokens, {**mattrs, "gen_ai.token.type": "output"}))
-        prepared.append((f"{rec.operation} {rec.model}", rec.arrival_ns, rec.first_token_ns,
-                         rec.finish_ns, attrs, hist))
+        hist.append(
+            (telemetry.tokens, rec.output_tokens, {**mattrs, "gen_ai.token.type": "output"})
+        )
+        prepared.append(
+            (
+                f"{rec.operation} {rec.model}",
+                rec.arrival_ns,
+                rec.first_token_ns,
+                rec.finish_ns,
+                attrs,
+                hist,
+            )
+        )
     event = EVENT_FIRST_TOKEN
     internal = SpanKind.INTERNAL
     set_in = trace.set_span_in_context
@@ -142,8 +174,9 @@ def floor_for(telemetry: Any, records: list[Any], parent_fn: Any) -> Any:
     def floor() -> None:
         parent = parent_fn()
         for name, start, first, end, attrs, hist in prepared:
-            span = tracer.start_span(name, context=parent, kind=internal, start_time=start,
-                                     attributes=attrs)
+            span = tracer.start_span(
+                name, context=parent, kind=internal, start_time=start, attributes=attrs
+            )
             if first is not None:
                 span.add_event(event, timestamp=first)
             span.end(end_time=end)
@@ -154,8 +187,9 @@ def floor_for(telemetry: Any, records: list[Any], parent_fn: Any) -> Any:
     return floor
 
 
-def records_for(outputs: list[Any], params: list[Any], model: str, operation: str,
-                stats: bool) -> list[Any]:
+def records_for(
+    outputs: list[Any], params: list[Any], model: str, operation: str, stats: bool
+) -> list[Any]:
     from otel_rollout.record import Clock
     from otel_rollout.vllm import adapter
 
@@ -186,9 +220,18 @@ def async_case(telemetry: Any, n_requests: int, chunks: int) -> dict[str, Any]:
     streams = []
     for i, n in enumerate(lengths):
         metrics = C.make_stats(time.time() - 1.0, time.monotonic() - 1.0, n)
-        streams.append([C.make_output(f"req-{i}", (k + 1) * n // chunks, stats=True,
-                                      finished=k == chunks - 1, metrics=metrics)
-                        for k in range(chunks)])
+        streams.append(
+            [
+                C.make_output(
+                    f"req-{i}",
+                    (k + 1) * n // chunks,
+                    stats=True,
+                    finished=k == chunks - 1,
+                    metrics=metrics,
+                )
+                for k in range(chunks)
+            ]
+        )
     params = SamplingParams(max_tokens=chunks * 2, ignore_eos=True)
 
     class BareAsyncLLM:
@@ -201,6 +244,7 @@ def async_case(telemetry: Any, n_requests: int, chunks: int) -> dict[str, Any]:
             async def gen() -> Any:
                 for c in chunks_:
                     yield c
+
             return gen()
 
     class InstAsyncLLM(BareAsyncLLM):
@@ -215,15 +259,20 @@ def async_case(telemetry: Any, n_requests: int, chunks: int) -> dict[str, Any]:
             for i in range(n_requests):
                 async for _ in engine.generate("p", params, f"req-{i}"):
                     pass
+
         return lambda: loop.run_until_complete(run())
 
     finals = [s[-1] for s in streams]
     records = records_for(finals, params, "tiny-llama-v1", "text_completion", True)
     from opentelemetry import context as otel_context
 
-    return {"A": consume(inst), "B": consume(bare),
-            "F": floor_for(telemetry, records, otel_context.get_current),
-            "requests": n_requests, "chunks_per_request": chunks}
+    return {
+        "A": consume(inst),
+        "B": consume(bare),
+        "F": floor_for(telemetry, records, otel_context.get_current),
+        "requests": n_requests,
+        "chunks_per_request": chunks,
+    }
 
 
 def measure(case: dict[str, Any], rounds: int) -> dict[str, Any]:
@@ -263,9 +312,14 @@ def measure(case: dict[str, Any], rounds: int) -> dict[str, Any]:
             inline_ratio.append(i / f)
     finally:
         gc.enable()
-    return {"ours_us": C.band(ours, 2), "caller_us": C.band(caller, 2),
-            "inline_us": C.band(inline, 2), "floor_us": C.band(floor, 2),
-            "ratio": C.band(ratio, 3), "inline_ratio": C.band(inline_ratio, 3)}
+    return {
+        "ours_us": C.band(ours, 2),
+        "caller_us": C.band(caller, 2),
+        "inline_us": C.band(inline, 2),
+        "floor_us": C.band(floor, 2),
+        "ratio": C.band(ratio, 3),
+        "inline_ratio": C.band(inline_ratio, 3),
+    }
 
 
 def run(smoke: bool, histograms_mode: str = "explicit") -> dict[str, Any]:
@@ -286,17 +340,22 @@ def run(smoke: bool, histograms_mode: str = "explicit") -> dict[str, Any]:
     rounds = 3 if smoke else 31
     size = 32 if smoke else 256
     lengths = C.long_tail(size, seed=1)
-    results: dict[str, Any] = {"machine": C.machine(), "rounds": rounds, "batch": size,
-                               "histograms": histograms_mode}
+    results: dict[str, Any] = {
+        "machine": C.machine(),
+        "rounds": rounds,
+        "batch": size,
+        "histograms": histograms_mode,
+    }
 
     for label, stats in (("offline_stats_on", True), ("offline_stats_off", False)):
         case = build(telemetry, lengths, stats)
         case["I"] = build(inline, lengths, stats)["A"]
-        recs = records_for(case["outputs"], case["params"], "tiny-llama-v1", "text_completion",
-                           stats)
+        recs = records_for(
+            case["outputs"], case["params"], "tiny-llama-v1", "text_completion", stats
+        )
         batch_span = telemetry.tracer.start_span("rollout.batch")
         ctx = trace.set_span_in_context(batch_span)
-        case["F"] = floor_for(telemetry, recs, lambda: ctx)
+        case["F"] = floor_for(telemetry, recs, lambda ctx=ctx: ctx)
         res = measure(case, rounds)
         res["step_outputs_per_request"] = round(case["step_outputs"] / case["requests"], 1)
         results[label] = res
@@ -318,13 +377,19 @@ def both(smoke: bool) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, f"{mode}.json")
             cmd = [sys.executable, __file__, "--histograms", mode, "--out", path]
-            subprocess.run(cmd + (["--smoke"] if smoke else []), check=True,
-                           stdout=subprocess.DEVNULL)
+            subprocess.run(
+                cmd + (["--smoke"] if smoke else []), check=True, stdout=subprocess.DEVNULL
+            )
             with open(path) as f:
                 out[mode] = json.load(f)
     cases = ("offline_stats_on", "offline_stats_off", "async_stream")
-    out["side_by_side"] = {case: {mode: {k: out[mode][case][k] for k in ("ours_us", "floor_us")}
-                                  for mode in ("explicit", "exponential")} for case in cases}
+    out["side_by_side"] = {
+        case: {
+            mode: {k: out[mode][case][k] for k in ("ours_us", "floor_us")}
+            for mode in ("explicit", "exponential")
+        }
+        for case in cases
+    }
     return out
 
 
@@ -332,8 +397,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out")
-    ap.add_argument("--histograms", choices=("explicit", "exponential", "both"),
-                    default="explicit")
+    ap.add_argument("--histograms", choices=("explicit", "exponential", "both"), default="explicit")
     args = ap.parse_args()
     if args.histograms == "both":
         C.write(args.out, both(args.smoke))

@@ -31,8 +31,9 @@ def model_path() -> str:
     path = os.environ.get("MODEL")
     if path:
         return path
-    out = subprocess.run([str(C.REPO / "scripts" / "tiny-model")], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [str(C.REPO / "scripts" / "tiny-model")], capture_output=True, text=True, check=True
+    )
     return out.stdout.strip().splitlines()[-1]
 
 
@@ -45,9 +46,13 @@ def engine_env() -> None:
 
 
 def pairs_summary(a: list[float], b: list[float]) -> dict[str, Any]:
-    ratios = [x / y for x, y in zip(a, b)]
-    return {"instrumented_s": C.band(a, 3), "bare_s": C.band(b, 3), "ratio": C.band(ratios, 4),
-            "ratio_of_medians": round(statistics.median(a) / statistics.median(b), 4)}
+    ratios = [x / y for x, y in zip(a, b, strict=False)]
+    return {
+        "instrumented_s": C.band(a, 3),
+        "bare_s": C.band(b, 3),
+        "ratio": C.band(ratios, 4),
+        "ratio_of_medians": round(statistics.median(a) / statistics.median(b), 4),
+    }
 
 
 def offline(smoke: bool) -> dict[str, Any]:
@@ -83,10 +88,14 @@ def offline(smoke: bool) -> dict[str, Any]:
     once(False)
     a, b = [], []
     for p in range(pairs):
-        for side in ("AB" if p % 2 == 0 else "BA"):
+        for side in "AB" if p % 2 == 0 else "BA":
             (a if side == "A" else b).append(once(side == "A"))
-    result: dict[str, Any] = {"requests": n, "tokens": sum(lengths), "pairs": pairs,
-                              **pairs_summary(a, b)}
+    result: dict[str, Any] = {
+        "requests": n,
+        "tokens": sum(lengths),
+        "pairs": pairs,
+        **pairs_summary(a, b),
+    }
     print("offline", result, flush=True)
 
     if not smoke:
@@ -125,13 +134,16 @@ def big_batch(llm: Any, inst: Any, sampling_params: Any) -> dict[str, Any]:
             if side == "instrumented":
                 inst.uninstrument()
             assert len(outs) == n
-            res[side] = {"generate_s": round(t1 - t0, 3),
-                         "post_return_ms": round((t1 - returned[-1]) * 1e3, 1),
-                         "emitter_done_after_ms": round((t2 - returned[-1]) * 1e3, 1)}
+            res[side] = {
+                "generate_s": round(t1 - t0, 3),
+                "post_return_ms": round((t1 - returned[-1]) * 1e3, 1),
+                "emitter_done_after_ms": round((t2 - returned[-1]) * 1e3, 1),
+            }
     finally:
         cls._run_engine = original
-    res["post_return_added_ms"] = round(res["instrumented"]["post_return_ms"]
-                                        - res["bare"]["post_return_ms"], 1)
+    res["post_return_added_ms"] = round(
+        res["instrumented"]["post_return_ms"] - res["bare"]["post_return_ms"], 1
+    )
     return res
 
 
@@ -180,7 +192,7 @@ def async_mode(smoke: bool) -> dict[str, Any]:
             await once(False)
             a, b = [], []
             for p in range(pairs):
-                for side in ("AB" if p % 2 == 0 else "BA"):
+                for side in "AB" if p % 2 == 0 else "BA":
                     (a if side == "A" else b).append(await once(side == "A"))
         finally:
             engine.shutdown()

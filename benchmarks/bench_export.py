@@ -41,18 +41,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # --- endpoints -----------------------------------------------------------------------------------
 
+
 def slow_receiver(delay_s: float) -> tuple[Any, int]:
     import grpc
-    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+    from opentelemetry.proto.collector.metrics.v1 import (
+        metrics_service_pb2,
+        metrics_service_pb2_grpc,
+    )
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
     class Traces(trace_service_pb2_grpc.TraceServiceServicer):
-        def Export(self, request: Any, context: Any) -> Any:  # noqa: N802
+        def Export(self, request: Any, context: Any) -> Any:
             time.sleep(delay_s)
             return trace_service_pb2.ExportTraceServiceResponse()
 
     class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
-        def Export(self, request: Any, context: Any) -> Any:  # noqa: N802
+        def Export(self, request: Any, context: Any) -> Any:
             time.sleep(delay_s)
             return metrics_service_pb2.ExportMetricsServiceResponse()
 
@@ -93,12 +97,17 @@ def blackhole() -> tuple[socket.socket, int]:
 
 # --- the child: one configuration -------------------------------------------------------------------
 
+
 def child(args: argparse.Namespace) -> None:
     if args.endpoint != "none":
-        os.environ.update({
-            "OTEL_EXPORTER_OTLP_ENDPOINT": args.endpoint, "OTEL_EXPORTER_OTLP_INSECURE": "true",
-            "OTEL_BSP_SCHEDULE_DELAY": "500", "OTEL_METRIC_EXPORT_INTERVAL": "1000",
-        })
+        os.environ.update(
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": args.endpoint,
+                "OTEL_EXPORTER_OTLP_INSECURE": "true",
+                "OTEL_BSP_SCHEDULE_DELAY": "500",
+                "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+            }
+        )
         from otel_rollout import VLLMInstrumentor
         from otel_rollout.sdk import configure_from_environment
 
@@ -152,23 +161,50 @@ def fake_generate(instrumented: bool, n: int) -> Any:
             return
         now = time.time_ns()
         with telemetry.batch("tiny", "text_completion", n) as ctx:
-            telemetry.emit_all([RequestRecord(
-                provider="vllm", model="tiny", operation="text_completion",
-                arrival_ns=now - 10**8, finish_ns=now, first_token_ns=now - 9 * 10**7,
-                request_id=str(i), prompt_tokens=12, output_tokens=30,
-                finish_reasons=("length",)) for i in range(n)], ctx)
+            telemetry.emit_all(
+                [
+                    RequestRecord(
+                        provider="vllm",
+                        model="tiny",
+                        operation="text_completion",
+                        arrival_ns=now - 10**8,
+                        finish_ns=now,
+                        first_token_ns=now - 9 * 10**7,
+                        request_id=str(i),
+                        prompt_tokens=12,
+                        output_tokens=30,
+                        finish_reasons=("length",),
+                    )
+                    for i in range(n)
+                ],
+                ctx,
+            )
+
     return gen
 
 
 # --- the parent --------------------------------------------------------------------------------------
 
-def run_child(endpoint: str, fake: bool, runs: int, requests: int, limit_s: float) -> dict[str, Any]:
-    cmd = [sys.executable, os.path.join(HERE, "bench_export.py"), "--child", "--endpoint", endpoint,
-           "--runs", str(runs), "--requests", str(requests)] + (["--fake"] if fake else [])
+
+def run_child(
+    endpoint: str, fake: bool, runs: int, requests: int, limit_s: float
+) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        os.path.join(HERE, "bench_export.py"),
+        "--child",
+        "--endpoint",
+        endpoint,
+        "--runs",
+        str(runs),
+        "--requests",
+        str(requests),
+    ] + (["--fake"] if fake else [])
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=env)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    )
     result: dict[str, Any] = {}
     done_at = None
     assert proc.stdout is not None
@@ -211,8 +247,13 @@ def run(smoke: bool, fake: bool | None = None) -> dict[str, Any]:
     }
     if smoke:
         endpoints = {k: endpoints[k] for k in ("bare", "healthy")}
-    results: dict[str, Any] = {"machine": C.machine(), "engine": "fake" if fake else "vllm",
-                               "runs": runs, "requests": requests, "configs": {}}
+    results: dict[str, Any] = {
+        "machine": C.machine(),
+        "engine": "fake" if fake else "vllm",
+        "runs": runs,
+        "requests": requests,
+        "configs": {},
+    }
     try:
         for name, endpoint in endpoints.items():
             res = run_child(endpoint, fake, runs, requests, limit_s=120)
@@ -230,8 +271,11 @@ def run(smoke: bool, fake: bool | None = None) -> dict[str, Any]:
         if name != "bare":
             res["generate_ratio_vs_healthy"] = round(res["median_generate_s"] / ref, 4)
     results["received_spans_healthy"] = sum(
-        len(ss.spans) for req in healthy.trace_requests for rs in req.resource_spans
-        for ss in rs.scope_spans)
+        len(ss.spans)
+        for req in healthy.trace_requests
+        for rs in req.resource_spans
+        for ss in rs.scope_spans
+    )
     return results
 
 

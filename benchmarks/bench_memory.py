@@ -46,8 +46,12 @@ def run(smoke: bool) -> dict[str, Any]:
 
     def chunks_for(i: int) -> list[Any]:
         metrics = C.make_stats(time.time() - 1.0, time.monotonic() - 1.0, 16)
-        return [C.make_output(f"r{i}", (k + 1) * 2, stats=True, finished=k == chunks - 1,
-                              metrics=metrics) for k in range(chunks)]
+        return [
+            C.make_output(
+                f"r{i}", (k + 1) * 2, stats=True, finished=k == chunks - 1, metrics=metrics
+            )
+            for k in range(chunks)
+        ]
 
     class BareAsyncLLM:
         model_config = C._ModelConfig()
@@ -65,6 +69,7 @@ def run(smoke: bool) -> dict[str, Any]:
                         raise EngineFailure("engine died")
                     await asyncio.sleep(0)
                     yield c
+
             return gen()
 
     class InstAsyncLLM(BareAsyncLLM):
@@ -78,12 +83,18 @@ def run(smoke: bool) -> dict[str, Any]:
         def add_request(self, request: Any) -> None:
             pass
 
-        def process_outputs(self, engine_core_outputs: Any, engine_core_timestamp: Any = None,
-                            iteration_stats: Any = None) -> None:
+        def process_outputs(
+            self,
+            engine_core_outputs: Any,
+            engine_core_timestamp: Any = None,
+            iteration_stats: Any = None,
+        ) -> None:
             pass
 
     wrapt.wrap_function_wrapper(Processor, "add_request", adapter.add_request_wrapper(telemetry))
-    wrapt.wrap_function_wrapper(Processor, "process_outputs", adapter.process_outputs_wrapper(telemetry))
+    wrapt.wrap_function_wrapper(
+        Processor, "process_outputs", adapter.process_outputs_wrapper(telemetry)
+    )
 
     class Req:
         def __init__(self, i: int) -> None:
@@ -96,17 +107,24 @@ def run(smoke: bool) -> dict[str, Any]:
     class LLM:
         llm_engine = C._Engine(log_stats=False)
 
-        def generate(self, prompts: Any, sampling_params: Any = None, *, use_tqdm: bool = True) -> Any:
+        def generate(
+            self, prompts: Any, sampling_params: Any = None, *, use_tqdm: bool = True
+        ) -> Any:
             proc = Processor()
             reqs = [Req(int(p)) for p in prompts]
             for r in reqs:
                 proc.add_request(r)
             for s in range(4):
-                proc.process_outputs([ECO(r.request_id, "length" if s == 3 else None)
-                                      for r in reqs], time.monotonic(), None)
+                proc.process_outputs(
+                    [ECO(r.request_id, "length" if s == 3 else None) for r in reqs],
+                    time.monotonic(),
+                    None,
+                )
             return [C.make_output(r.external_req_id, 4, stats=False) for r in reqs]
 
-    wrapt.wrap_function_wrapper(LLM, "generate", adapter.offline_wrapper(telemetry, "text_completion"))
+    wrapt.wrap_function_wrapper(
+        LLM, "generate", adapter.offline_wrapper(telemetry, "text_completion")
+    )
     llm = LLM()
     loop = asyncio.new_event_loop()
     kinds = ["done"] * 6 + ["break", "cancel", "abandon", "error"]
@@ -128,11 +146,13 @@ def run(smoke: bool) -> dict[str, Any]:
                 pass
 
     async def streams(start: int, count: int) -> None:
-        tasks = [asyncio.ensure_future(one(i, kinds[i % len(kinds)]))
-                 for i in range(start, start + count)]
+        tasks = [
+            asyncio.ensure_future(one(i, kinds[i % len(kinds)]))
+            for i in range(start, start + count)
+        ]
         await asyncio.sleep(0.001)
         await asyncio.sleep(0)
-        for t, i in zip(tasks, range(start, start + count)):
+        for t, i in zip(tasks, range(start, start + count), strict=False):
             if kinds[i % len(kinds)] == "cancel":
                 t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -147,8 +167,11 @@ def run(smoke: bool) -> dict[str, Any]:
         while done < end:
             if (done // unit) % 5 == 4:  # every fifth round: offline batches
                 for b in range(4):
-                    llm.generate([str(done + b * unit // 4 + j) for j in range(unit // 4)], None,
-                                 use_tqdm=False)
+                    llm.generate(
+                        [str(done + b * unit // 4 + j) for j in range(unit // 4)],
+                        None,
+                        use_tqdm=False,
+                    )
             else:
                 loop.run_until_complete(streams(done, unit))
             done += unit
@@ -168,8 +191,14 @@ def run(smoke: bool) -> dict[str, Any]:
         gc.collect()
         samples.append(C.rss_bytes())
 
-    ours = {"AsyncRequest", "ObservedAsyncStream", "RequestRecord", "StepTimes", "StepScope",
-            "Clock"}
+    ours = {
+        "AsyncRequest",
+        "ObservedAsyncStream",
+        "RequestRecord",
+        "StepTimes",
+        "StepScope",
+        "Clock",
+    }
     live: dict[str, int] = {}
     for obj in gc.get_objects():
         name = type(obj).__name__
@@ -188,7 +217,8 @@ def run(smoke: bool) -> dict[str, Any]:
     mib = 2**20
     result = {
         "machine": C.machine(),
-        "requests": total, "warmup_requests": warmup,
+        "requests": total,
+        "warmup_requests": warmup,
         "rss_start_mib": round(samples[0] / mib, 2),
         "rss_samples_growth_mib": [round((s - samples[0]) / mib, 2) for s in samples],
         "rss_growth_mib": round((samples[-1] - samples[0]) / mib, 2),

@@ -55,8 +55,13 @@ def run(calls: int, rounds: int) -> dict[str, Any]:
     ray.shutdown()
     per_on = statistics.median(on) / calls * 1e6
     per_off = statistics.median(off) / calls * 1e6
-    return {"calls": calls, "rounds": rounds, "instrumented_us_per_call": per_on,
-            "bare_us_per_call": per_off, "added_us_per_call": per_on - per_off}
+    return {
+        "calls": calls,
+        "rounds": rounds,
+        "instrumented_us_per_call": per_on,
+        "bare_us_per_call": per_off,
+        "added_us_per_call": per_on - per_off,
+    }
 
 
 def main() -> None:

@@ -45,8 +45,9 @@ def _one_size(n: int, reps: int, background: Any, inline: Any) -> dict[str, Any]
     class Bare:
         llm_engine = C._Engine(log_stats=True)
 
-        def generate(self, prompts: Any, sampling_params: Any = None, *,
-                     use_tqdm: bool = True) -> Any:
+        def generate(
+            self, prompts: Any, sampling_params: Any = None, *, use_tqdm: bool = True
+        ) -> Any:
             return outputs
 
     class Background(Bare):
@@ -55,24 +56,29 @@ def _one_size(n: int, reps: int, background: Any, inline: Any) -> dict[str, Any]
     class Inline(Bare):
         pass
 
-    wrapt.wrap_function_wrapper(Background, "generate",
-                                adapter.offline_wrapper(background, "text_completion"))
-    wrapt.wrap_function_wrapper(Inline, "generate",
-                                adapter.offline_wrapper(inline, "text_completion"))
+    wrapt.wrap_function_wrapper(
+        Background, "generate", adapter.offline_wrapper(background, "text_completion")
+    )
+    wrapt.wrap_function_wrapper(
+        Inline, "generate", adapter.offline_wrapper(inline, "text_completion")
+    )
     recs = records_for(outputs, params, "tiny-llama-v1", "text_completion", True)
     ctx = trace.set_span_in_context(inline.tracer.start_span("rollout.batch"))
     floor = floor_for(inline, recs, lambda: ctx)
     del recs
-    calls = {"G": lambda: Background().generate(prompts, params, use_tqdm=False),
-             "I": lambda: Inline().generate(prompts, params, use_tqdm=False),
-             "B": lambda: Bare().generate(prompts, params, use_tqdm=False),
-             "F": floor}
+    calls = {
+        "G": lambda: Background().generate(prompts, params, use_tqdm=False),
+        "I": lambda: Inline().generate(prompts, params, use_tqdm=False),
+        "B": lambda: Bare().generate(prompts, params, use_tqdm=False),
+        "F": floor,
+    }
     if n <= 10000:
         for fn in calls.values():
             fn()
         flush_all(600)
-    series: dict[str, list[float]] = {k: [] for k in (
-        "caller", "caller_cpu", "drain", "total_cpu", "inline", "floor")}
+    series: dict[str, list[float]] = {
+        k: [] for k in ("caller", "caller_cpu", "drain", "total_cpu", "inline", "floor")
+    }
     gc.collect()
     for r in range(reps):
         wall: dict[str, float] = {}
@@ -92,14 +98,16 @@ def _one_size(n: int, reps: int, background: Any, inline: Any) -> dict[str, Any]
         series["inline"].append((wall["I"] - wall["B"]) * 1e3)
         series["floor"].append(wall["F"] * 1e3)
     per = {k: round(statistics.median(v) * 1e3 / n, 2) for k, v in series.items()}
-    res = {"requests": n,
-           "caller_visible_ms": C.band(series["caller"], 1),
-           "caller_cpu_ms": C.band(series["caller_cpu"], 1),
-           "emitter_done_after_ms": C.band(series["drain"], 1),
-           "total_cpu_ms": C.band(series["total_cpu"], 1),
-           "inline_ms": C.band(series["inline"], 1),
-           "floor_ms": C.band(series["floor"], 1),
-           "us_per_request": per}
+    res = {
+        "requests": n,
+        "caller_visible_ms": C.band(series["caller"], 1),
+        "caller_cpu_ms": C.band(series["caller_cpu"], 1),
+        "emitter_done_after_ms": C.band(series["drain"], 1),
+        "total_cpu_ms": C.band(series["total_cpu"], 1),
+        "inline_ms": C.band(series["inline"], 1),
+        "floor_ms": C.band(series["floor"], 1),
+        "us_per_request": per,
+    }
     return res
 
 
@@ -112,8 +120,7 @@ def run(smoke: bool) -> dict[str, Any]:
     background = create_telemetry("vllm", config=config)
     inline = create_telemetry("vllm", config=dataclasses.replace(config, emit_queue=0))
     sizes = [(100, 2), (300, 2)] if smoke else [(1000, 9), (10000, 5), (100000, 2)]
-    results: dict[str, Any] = {"machine": C.machine(), "emit_queue": config.emit_queue,
-                               "sizes": {}}
+    results: dict[str, Any] = {"machine": C.machine(), "emit_queue": config.emit_queue, "sizes": {}}
     for n, reps in sizes:
         res = _one_size(n, reps, background, inline)
         results["sizes"][str(n)] = res

@@ -24,8 +24,10 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-CHECK = ("import sys; heavy = [m for m in sys.modules if m.split('.')[0] in "
-         "('vllm', 'sglang', 'torch', 'ray')]; assert not heavy, heavy")
+CHECK = (
+    "import sys; heavy = [m for m in sys.modules if m.split('.')[0] in "
+    "('vllm', 'sglang', 'torch', 'ray')]; assert not heavy, heavy"
+)
 
 
 def _once(command: list[str], env: dict[str, str]) -> float:
@@ -36,8 +38,9 @@ def _once(command: list[str], env: dict[str, str]) -> float:
 
 def measure(runs: int) -> dict[str, float]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    base.update(OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none",
-                OTEL_LOGS_EXPORTER="none")
+    base.update(
+        OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none"
+    )
     instrument = [str(BIN / "opentelemetry-instrument"), sys.executable, "-c", CHECK]
     cases = {
         "plain": ([sys.executable, "-c", CHECK], base),

@@ -55,12 +55,17 @@ def smoke(with_engine: bool) -> int:
             print(f"[smoke] {name}: FAILED", flush=True)
             failures += 1
     if with_engine:  # a separate process: the engine wants its own SDK setup (batch processor)
-        rc = subprocess.run([sys.executable, str(HERE / "bench_engine.py"), "--smoke",
-                             "--mode", "offline"], stdout=subprocess.DEVNULL).returncode
+        rc = subprocess.run(
+            [sys.executable, str(HERE / "bench_engine.py"), "--smoke", "--mode", "offline"],
+            stdout=subprocess.DEVNULL,
+        ).returncode
         print(f"[smoke] engine: {'ok' if rc == 0 else 'FAILED'}", flush=True)
         failures += rc != 0
-    print(f"[smoke] {len(steps) - failures} ok, {failures} failed in "
-          f"{time.monotonic() - t0:.1f} s; load {os.getloadavg()}", flush=True)
+    print(
+        f"[smoke] {len(steps) - failures} ok, {failures} failed in "
+        f"{time.monotonic() - t0:.1f} s; load {os.getloadavg()}",
+        flush=True,
+    )
     del C
     return 1 if failures else 0
 
@@ -94,6 +99,7 @@ def full(only: list[str], out: Path) -> int:
 
 # --- the README table ---------------------------------------------------------------------------
 
+
 def _b(band: dict[str, float], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(band['median'])} ({fmt.format(band['min'])}–{fmt.format(band['max'])})"
 
@@ -108,46 +114,75 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
 
     def meta(r: dict[str, Any]) -> str:
         m = r["machine"]
-        return (f"{m['date']}, load {m['loadavg_start'][0]:.1f}→{r.get('loadavg_end', ['?'])[0]}, "
-                f"commit {m.get('commit', '?')}")
+        return (
+            f"{m['date']}, load {m['loadavg_start'][0]:.1f}→{r.get('loadavg_end', ['?'])[0]}, "
+            f"commit {m.get('commit', '?')}"
+        )
 
     if "cost" in runs:
         r = runs["cost"]
-        for key, label in (("offline_stats_on", "offline, engine stats on"),
-                           ("offline_stats_off", "offline, engine stats off (default)"),
-                           ("async_stream", "async stream, 16 chunks")):
+        for key, label in (
+            ("offline_stats_on", "offline, engine stats on"),
+            ("offline_stats_off", "offline, engine stats off (default)"),
+            ("async_stream", "async stream, 16 chunks"),
+        ):
             c = r[key]
             if "inline_us" not in c:  # results of a run before the background emitter
-                out.append([f"1. per-request CPU, {label}",
-                            f"ours {_b(c['ours_us'], '{:.1f}')} µs, floor "
-                            f"{_b(c['floor_us'], '{:.1f}')} µs", f"{_b(c['ratio'])}× floor",
-                            "≤ 1.3×", _goal(c["ratio"]["median"] <= 1.3), meta(r)])
+                out.append(
+                    [
+                        f"1. per-request CPU, {label}",
+                        f"ours {_b(c['ours_us'], '{:.1f}')} µs, floor "
+                        f"{_b(c['floor_us'], '{:.1f}')} µs",
+                        f"{_b(c['ratio'])}× floor",
+                        "≤ 1.3×",
+                        _goal(c["ratio"]["median"] <= 1.3),
+                        meta(r),
+                    ]
+                )
                 continue
-            out.append([f"1. per-request CPU (process, emitter included), {label}",
-                        f"background {_b(c['ours_us'], '{:.1f}')} µs (caller "
-                        f"{c['caller_us']['median']:.1f}), inline {_b(c['inline_us'], '{:.1f}')}"
-                        f" µs, floor {_b(c['floor_us'], '{:.1f}')} µs",
-                        f"{_b(c['ratio'])}× floor (inline {_b(c['inline_ratio'])}×)", "≤ 1.3×",
-                        _goal(c["ratio"]["median"] <= 1.3), meta(r)])
+            out.append(
+                [
+                    f"1. per-request CPU (process, emitter included), {label}",
+                    f"background {_b(c['ours_us'], '{:.1f}')} µs (caller "
+                    f"{c['caller_us']['median']:.1f}), inline {_b(c['inline_us'], '{:.1f}')}"
+                    f" µs, floor {_b(c['floor_us'], '{:.1f}')} µs",
+                    f"{_b(c['ratio'])}× floor (inline {_b(c['inline_ratio'])}×)",
+                    "≤ 1.3×",
+                    _goal(c["ratio"]["median"] <= 1.3),
+                    meta(r),
+                ]
+            )
     if "engine" in runs:
         r = runs["engine"]
         for key, label in (("offline", "LLM.generate"), ("async", "AsyncLLM streams")):
             if key not in r:
                 continue
             c = r[key]
-            out.append([f"2. real vLLM, {label}, {c['requests']} req / {c['tokens']} tok, "
-                        f"{c['pairs']} pairs",
-                        f"instr {_b(c['instrumented_s'], '{:.3f}')} s, bare "
-                        f"{_b(c['bare_s'], '{:.3f}')} s",
-                        f"{_b(c['ratio'], '{:.3f}')} (median of pair ratios)", "≤ 1.01",
-                        _goal(c["ratio"]["median"] <= 1.01), meta(r)])
+            out.append(
+                [
+                    f"2. real vLLM, {label}, {c['requests']} req / {c['tokens']} tok, "
+                    f"{c['pairs']} pairs",
+                    f"instr {_b(c['instrumented_s'], '{:.3f}')} s, bare "
+                    f"{_b(c['bare_s'], '{:.3f}')} s",
+                    f"{_b(c['ratio'], '{:.3f}')} (median of pair ratios)",
+                    "≤ 1.01",
+                    _goal(c["ratio"]["median"] <= 1.01),
+                    meta(r),
+                ]
+            )
         big = r.get("offline", {}).get("generate_10k")
         if big:
-            out.append(["3. real vLLM, one generate of 10,000 prompts: post-return phase",
-                        f"instr {big['instrumented']['post_return_ms']} ms, bare "
-                        f"{big['bare']['post_return_ms']} ms",
-                        f"+{big['post_return_added_ms']} ms", "≤ 150 ms",
-                        _goal(big["post_return_added_ms"] <= 150), meta(r)])
+            out.append(
+                [
+                    "3. real vLLM, one generate of 10,000 prompts: post-return phase",
+                    f"instr {big['instrumented']['post_return_ms']} ms, bare "
+                    f"{big['bare']['post_return_ms']} ms",
+                    f"+{big['post_return_added_ms']} ms",
+                    "≤ 150 ms",
+                    _goal(big["post_return_added_ms"] <= 150),
+                    meta(r),
+                ]
+            )
     if "scale" in runs:
         r = runs["scale"]
         per = {}
@@ -156,37 +191,63 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
                 continue
             u = c["us_per_request"]
             per[n] = u["caller_cpu"]  # CPU: on a shared machine wall time counts others' work
-            out.append([f"3. caller-visible post-return time, {int(n):,} requests (engine-free)",
-                        f"background {_b(c['caller_visible_ms'], '{:.1f}')} ms (emitter done "
-                        f"after {c['emitter_done_after_ms']['median']:.0f} ms, total CPU "
-                        f"{c['total_cpu_ms']['median']:.0f} ms); inline "
-                        f"{_b(c['inline_ms'], '{:.0f}')} ms; floor {_b(c['floor_ms'], '{:.0f}')} ms",
-                        f"{u['caller']} µs/req (inline {u['inline']}, floor {u['floor']})",
-                        "≤ 15 µs/req", _goal(u["caller"] <= 15), meta(r)])
+            out.append(
+                [
+                    f"3. caller-visible post-return time, {int(n):,} requests (engine-free)",
+                    f"background {_b(c['caller_visible_ms'], '{:.1f}')} ms (emitter done "
+                    f"after {c['emitter_done_after_ms']['median']:.0f} ms, total CPU "
+                    f"{c['total_cpu_ms']['median']:.0f} ms); inline "
+                    f"{_b(c['inline_ms'], '{:.0f}')} ms; floor {_b(c['floor_ms'], '{:.0f}')} ms",
+                    f"{u['caller']} µs/req (inline {u['inline']}, floor {u['floor']})",
+                    "≤ 15 µs/req",
+                    _goal(u["caller"] <= 15),
+                    meta(r),
+                ]
+            )
         if per:
             values = list(per.values())
             growth = round(values[-1] / values[0], 2)
-            out.append([f"3. growth {list(per)[0]} → {list(per)[-1]} requests",
-                        "caller CPU µs/request, last / first", f"{growth}×", "linear (≈ 1×)",
-                        _goal(growth <= 1.3), meta(r)])
+            out.append(
+                [
+                    f"3. growth {list(per)[0]} → {list(per)[-1]} requests",
+                    "caller CPU µs/request, last / first",
+                    f"{growth}×",
+                    "linear (≈ 1×)",
+                    _goal(growth <= 1.3),
+                    meta(r),
+                ]
+            )
     if "memory" in runs:
         r = runs["memory"]
-        out.append([f"4. RSS growth over {r['requests']:,} requests (all stream endings)",
-                    f"samples {r['rss_samples_growth_mib']} MiB; live per-request objects "
-                    f"{r['live_per_request_objects'] or 'none'}; in-flight after "
-                    f"{r['in_flight_gauge_after']}", f"{r['rss_growth_mib']} MiB", "< 2 MiB",
-                    _goal(r["rss_growth_mib"] < 2 and not r["live_per_request_objects"]), meta(r)])
+        out.append(
+            [
+                f"4. RSS growth over {r['requests']:,} requests (all stream endings)",
+                f"samples {r['rss_samples_growth_mib']} MiB; live per-request objects "
+                f"{r['live_per_request_objects'] or 'none'}; in-flight after "
+                f"{r['in_flight_gauge_after']}",
+                f"{r['rss_growth_mib']} MiB",
+                "< 2 MiB",
+                _goal(r["rss_growth_mib"] < 2 and not r["live_per_request_objects"]),
+                meta(r),
+            ]
+        )
     if "export" in runs:
         r = runs["export"]
         for name, c in r["configs"].items():
             if name == "bare":
                 continue
             ratio = c.get("generate_ratio_vs_healthy")
-            out.append([f"5. OTLP {name} ({r['engine']}, {r['requests']} req × {r['runs']})",
-                        f"generate {c['median_generate_s']} s; exit {c['exit_s']} s "
-                        f"(bare {r['configs']['bare']['exit_s']} s)",
-                        f"latency ×{ratio}; exit +{c['exit_beyond_bare_s']} s",
-                        "exit ≤ +2 s", _goal(c["exit_beyond_bare_s"] <= 2), meta(r)])
+            out.append(
+                [
+                    f"5. OTLP {name} ({r['engine']}, {r['requests']} req × {r['runs']})",
+                    f"generate {c['median_generate_s']} s; exit {c['exit_s']} s "
+                    f"(bare {r['configs']['bare']['exit_s']} s)",
+                    f"latency ×{ratio}; exit +{c['exit_beyond_bare_s']} s",
+                    "exit ≤ +2 s",
+                    _goal(c["exit_beyond_bare_s"] <= 2),
+                    meta(r),
+                ]
+            )
     return out
 
 
@@ -197,10 +258,12 @@ def write_table(results: dict[str, Any], readme: Path) -> None:
         lines.append("| " + " | ".join(row) + " |")
     machine = next(iter(results.get("runs", {}).values()), {}).get("machine", {})
     lines.append("")
-    lines.append(f"Machine: {machine.get('cpu', '?')}, {machine.get('cpus', '?')} cores, "
-                 f"{machine.get('mem_gib', '?')} GiB, Python {machine.get('python', '?')}, "
-                 f"OTel SDK {machine.get('opentelemetry_sdk', '?')}, vLLM "
-                 f"{machine.get('vllm', '?')} (CPU). Raw figures: `benchmarks/results.json`.")
+    lines.append(
+        f"Machine: {machine.get('cpu', '?')}, {machine.get('cpus', '?')} cores, "
+        f"{machine.get('mem_gib', '?')} GiB, Python {machine.get('python', '?')}, "
+        f"OTel SDK {machine.get('opentelemetry_sdk', '?')}, vLLM "
+        f"{machine.get('vllm', '?')} (CPU). Raw figures: `benchmarks/results.json`."
+    )
     table = "\n".join(lines)
     begin, end = "<!-- results:begin -->", "<!-- results:end -->"
     text = readme.read_text() if readme.exists() else f"# Benchmarks\n\n{begin}\n{end}\n"
@@ -214,8 +277,11 @@ def write_table(results: dict[str, Any], readme: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes for CI")
-    ap.add_argument("--with-engine", action="store_true",
-                    help="with --smoke: also a tiny real LLM.generate A/B (adds ~30 s)")
+    ap.add_argument(
+        "--with-engine",
+        action="store_true",
+        help="with --smoke: also a tiny real LLM.generate A/B (adds ~30 s)",
+    )
     ap.add_argument("--only", default=",".join(ALL), help="comma-separated subset")
     ap.add_argument("--out", default=str(HERE / "results.json"))
     ap.add_argument("--table-only", action="store_true", help="re-render README from results.json")

@@ -21,23 +21,107 @@ T = TypeVar("T")
 
 # RL responses run from a fraction of a second to hours: the GenAI semconv defaults stop at ~82 s.
 DEFAULT_LATENCY_BUCKETS: tuple[float, ...] = (
-    0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 180, 300, 600, 900, 1200, 1800, 3600, 7200,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2,
+    5,
+    10,
+    20,
+    30,
+    60,
+    120,
+    180,
+    300,
+    600,
+    900,
+    1200,
+    1800,
+    3600,
+    7200,
 )
 DEFAULT_TTFT_BUCKETS: tuple[float, ...] = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+    600,
 )
 DEFAULT_TPOT_BUCKETS: tuple[float, ...] = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
 )
 DEFAULT_TOKEN_BUCKETS: tuple[float, ...] = (
-    1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144,
+    1,
+    4,
+    16,
+    64,
+    128,
+    256,
+    512,
+    1024,
+    2048,
+    4096,
+    8192,
+    16384,
+    32768,
+    65536,
+    131072,
+    262144,
 )
 DEFAULT_RATIO_BUCKETS: tuple[float, ...] = (1, 1.25, 1.5, 2, 3, 5, 10, 20, 50, 100)
 # rollout.step.idle_capacity is in request-seconds (peak in-flight x window): a step of 512
 # requests over 10 minutes can leave ~10^5 of them unused, far past the latency buckets' 7200.
 IDLE_CAPACITY_BUCKETS: tuple[float, ...] = (
-    0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 25_000,
-    50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    25,
+    50,
+    100,
+    250,
+    500,
+    1000,
+    2500,
+    5000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
 )
 
 CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
@@ -111,6 +195,7 @@ class Setting(Generic[T]):
 
 # --- parsers: each raises ConfigError with a reason a user can act on --------------------
 
+
 def _bool(raw: str) -> bool:
     low = raw.lower()
     if low in ("1", "true", "yes", "on"):
@@ -139,7 +224,7 @@ def _buckets(raw: str) -> tuple[float, ...]:
         raise ConfigError(f"{len(values)} boundaries; at most 200 keep scrapes cheap")
     if any(v < 0 for v in values):
         raise ConfigError("boundaries must not be negative")
-    if any(b <= a for a, b in zip(values, values[1:])):
+    if any(b <= a for a, b in zip(values, values[1:], strict=False)):
         raise ConfigError("boundaries must be strictly increasing")
     return values
 
@@ -200,46 +285,111 @@ def _render_bool(value: bool) -> str:
 
 
 SETTINGS: tuple[Setting[Any], ...] = (
-    Setting("OTEL_ROLLOUT_LATENCY_BUCKETS", "latency_buckets", _buckets,
-            "Histogram boundaries in seconds for request duration, queue time and step durations.",
-            _render_buckets),
-    Setting("OTEL_ROLLOUT_TTFT_BUCKETS", "ttft_buckets", _buckets,
-            "Histogram boundaries in seconds for time to first token.", _render_buckets),
-    Setting("OTEL_ROLLOUT_TPOT_BUCKETS", "tpot_buckets", _buckets,
-            "Histogram boundaries in seconds for time per output token.", _render_buckets),
-    Setting("OTEL_ROLLOUT_TOKEN_BUCKETS", "token_buckets", _buckets,
-            "Histogram boundaries in tokens for input/output token usage (response length).",
-            _render_buckets),
-    Setting("OTEL_ROLLOUT_HISTOGRAMS", "histograms", _histograms,
-            "Latency, TTFT, TPOT, queue-time and token histograms: `exponential` (base-2, served as "
-            "Prometheus native histograms) where the reader supports it, or `explicit` (the buckets "
-            "above) everywhere."),
-    Setting("OTEL_ROLLOUT_CONTENT_MAX_LENGTH", "content_max_length", _int_range(0, 1_000_000),
-            "Characters of prompt/response text kept per message when content capture is on."),
-    Setting("OTEL_ROLLOUT_TAIL_QUANTILE", "tail_quantile", _quantile,
-            "A step's tail starts when this share of its requests has finished."),
-    Setting("OTEL_ROLLOUT_STEP_SUMMARY", "step_summary", _bool,
-            "Print a compact summary to stderr when each step ends.", _render_bool),
-    Setting("OTEL_ROLLOUT_SUMMARY_STRAGGLERS", "summary_stragglers", _int_range(0, 1000),
-            "How many of the slowest requests (with trace ids) the step summary lists."),
-    Setting("OTEL_ROLLOUT_BATCH_AS_STEP", "batch_as_step", _bool,
-            "Treat each offline batch call made outside any rollout_step() as a step of its own.",
-            _render_bool),
-    Setting("OTEL_ROLLOUT_EXIT_TIMEOUT", "exit_timeout", _seconds_range(0, 600),
-            "At exit, wait at most this many seconds for telemetry to be exported."),
-    Setting("OTEL_ROLLOUT_STEP_WAIT", "step_wait", _seconds_range(0, 3600),
-            "At a step's end, wait at most this many seconds for requests reported by other "
-            "processes (Ray actors) whose calls have not reported yet; then the step is partial."),
-    Setting("OTEL_ROLLOUT_EMIT_QUEUE", "emit_queue", _int_range(0, 100_000_000),
-            "Request records that may wait for the background emitter, which makes their spans "
-            "and metric points off the caller's thread; beyond it records are dropped and counted "
-            "in rollout.telemetry.dropped. 0 emits inline, in the caller (synchronous)."),
-    Setting("OTEL_ROLLOUT_REPORT_DIR", "report_dir", _path,
-            "Write a PNG per step (request waterfall + response-length histogram) here; "
-            "needs the [report] extra.", _render_opt),
-    Setting("OTEL_ROLLOUT_STEP_LOG", "step_log", _path,
-            "Append one JSON line per finished step (its requests' timelines) to this file; "
-            "`otel-rollout report` renders it.", _render_opt),
+    Setting(
+        "OTEL_ROLLOUT_LATENCY_BUCKETS",
+        "latency_buckets",
+        _buckets,
+        "Histogram boundaries in seconds for request duration, queue time and step durations.",
+        _render_buckets,
+    ),
+    Setting(
+        "OTEL_ROLLOUT_TTFT_BUCKETS",
+        "ttft_buckets",
+        _buckets,
+        "Histogram boundaries in seconds for time to first token.",
+        _render_buckets,
+    ),
+    Setting(
+        "OTEL_ROLLOUT_TPOT_BUCKETS",
+        "tpot_buckets",
+        _buckets,
+        "Histogram boundaries in seconds for time per output token.",
+        _render_buckets,
+    ),
+    Setting(
+        "OTEL_ROLLOUT_TOKEN_BUCKETS",
+        "token_buckets",
+        _buckets,
+        "Histogram boundaries in tokens for input/output token usage (response length).",
+        _render_buckets,
+    ),
+    Setting(
+        "OTEL_ROLLOUT_HISTOGRAMS",
+        "histograms",
+        _histograms,
+        "Latency, TTFT, TPOT, queue-time and token histograms: `exponential` (base-2, served as "
+        "Prometheus native histograms) where the reader supports it, or `explicit` (the buckets "
+        "above) everywhere.",
+    ),
+    Setting(
+        "OTEL_ROLLOUT_CONTENT_MAX_LENGTH",
+        "content_max_length",
+        _int_range(0, 1_000_000),
+        "Characters of prompt/response text kept per message when content capture is on.",
+    ),
+    Setting(
+        "OTEL_ROLLOUT_TAIL_QUANTILE",
+        "tail_quantile",
+        _quantile,
+        "A step's tail starts when this share of its requests has finished.",
+    ),
+    Setting(
+        "OTEL_ROLLOUT_STEP_SUMMARY",
+        "step_summary",
+        _bool,
+        "Print a compact summary to stderr when each step ends.",
+        _render_bool,
+    ),
+    Setting(
+        "OTEL_ROLLOUT_SUMMARY_STRAGGLERS",
+        "summary_stragglers",
+        _int_range(0, 1000),
+        "How many of the slowest requests (with trace ids) the step summary lists.",
+    ),
+    Setting(
+        "OTEL_ROLLOUT_BATCH_AS_STEP",
+        "batch_as_step",
+        _bool,
+        "Treat each offline batch call made outside any rollout_step() as a step of its own.",
+        _render_bool,
+    ),
+    Setting(
+        "OTEL_ROLLOUT_EXIT_TIMEOUT",
+        "exit_timeout",
+        _seconds_range(0, 600),
+        "At exit, wait at most this many seconds for telemetry to be exported.",
+    ),
+    Setting(
+        "OTEL_ROLLOUT_STEP_WAIT",
+        "step_wait",
+        _seconds_range(0, 3600),
+        "At a step's end, wait at most this many seconds for requests reported by other "
+        "processes (Ray actors) whose calls have not reported yet; then the step is partial.",
+    ),
+    Setting(
+        "OTEL_ROLLOUT_EMIT_QUEUE",
+        "emit_queue",
+        _int_range(0, 100_000_000),
+        "Request records that may wait for the background emitter, which makes their spans "
+        "and metric points off the caller's thread; beyond it records are dropped and counted "
+        "in rollout.telemetry.dropped. 0 emits inline, in the caller (synchronous).",
+    ),
+    Setting(
+        "OTEL_ROLLOUT_REPORT_DIR",
+        "report_dir",
+        _path,
+        "Write a PNG per step (request waterfall + response-length histogram) here; "
+        "needs the [report] extra.",
+        _render_opt,
+    ),
+    Setting(
+        "OTEL_ROLLOUT_STEP_LOG",
+        "step_log",
+        _path,
+        "Append one JSON line per finished step (its requests' timelines) to this file; "
+        "`otel-rollout report` renders it.",
+        _render_opt,
+    ),
 )
 
 
@@ -299,8 +449,10 @@ def path_problems(config: RolloutConfig) -> list[Problem]:
     the check does, so a launcher learns before the run that no step log would be kept.
     """
     problems = []
-    for env, value, directory in (("OTEL_ROLLOUT_STEP_LOG", config.step_log, False),
-                                  ("OTEL_ROLLOUT_REPORT_DIR", config.report_dir, True)):
+    for env, value, directory in (
+        ("OTEL_ROLLOUT_STEP_LOG", config.step_log, False),
+        ("OTEL_ROLLOUT_REPORT_DIR", config.report_dir, True),
+    ):
         if value is not None and (reason := _writable(value, directory=directory)) is not None:
             problems.append(Problem(env, value, reason, "(unset): nothing is written"))
     return problems
@@ -309,6 +461,11 @@ def path_problems(config: RolloutConfig) -> list[Problem]:
 def describe(config: RolloutConfig) -> list[tuple[str, str, str]]:
     """(variable, effective value, meaning) rows, for ``otel-rollout check`` and the README."""
     rows = [(s.env, s.render(getattr(config, s.attr)), s.doc) for s in SETTINGS]
-    rows.append((CAPTURE_CONTENT_ENV, str(config.capture_content).lower(),
-                 "Standard GenAI opt-in: record prompt and response text on spans."))
+    rows.append(
+        (
+            CAPTURE_CONTENT_ENV,
+            str(config.capture_content).lower(),
+            "Standard GenAI opt-in: record prompt and response text on spans.",
+        )
+    )
     return rows

@@ -106,10 +106,17 @@ class _Pacer:
 class Emitter:
     """A bounded FIFO of record batches and the daemon thread that emits them."""
 
-    def __init__(self, sink: Sink, capacity: int, *, name: str = "otel_rollout-emitter",
-                 pace: Callable[[], object] | None = None, pace_every: int = 512,
-                 on_drop: Callable[[int], None] | None = None,
-                 on_error: Callable[[BaseException], None] | None = None) -> None:
+    def __init__(
+        self,
+        sink: Sink,
+        capacity: int,
+        *,
+        name: str = "otel_rollout-emitter",
+        pace: Callable[[], object] | None = None,
+        pace_every: int = 512,
+        on_drop: Callable[[int], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self._sink = sink
         self.capacity = capacity
         self._name = name
@@ -142,8 +149,9 @@ class Emitter:
         self._submitted = 0
         self._processed = 0
         self._since_pace = 0
-        self._pacer = None if self._drain_provider is None else _Pacer(self._drain_provider,
-                                                                      PACE_WAIT_S)
+        self._pacer = (
+            None if self._drain_provider is None else _Pacer(self._drain_provider, PACE_WAIT_S)
+        )
         self._thread: threading.Thread | None = None
 
     # --- the caller's side ----------------------------------------------------------------
@@ -158,7 +166,7 @@ class Emitter:
             room = self.capacity - (self._submitted - self._processed)
             if count > room:
                 dropped = count - max(0, room)
-                records = records[:max(0, room)]
+                records = records[: max(0, room)]
                 count -= dropped
                 self.dropped += dropped
             if count:
@@ -241,7 +249,7 @@ class Emitter:
                 continue
             records, parent = queue.popleft()
             for start in range(0, len(records), _CHUNK):
-                chunk = records[start:start + _CHUNK]
+                chunk = records[start : start + _CHUNK]
                 try:
                     with self._work_lock:
                         self._sink(chunk, parent)
@@ -301,10 +309,13 @@ def drain_all(stall_s: float) -> bool:
             ok = emitter.drain(stall_s, lambda: exporter_stuck(stall_s)) and ok
     if not ok:
         left = sum(e.pending for e in list(_LIVE))
-        _logger.warning("otel_rollout: %d request record(s) were not emitted at exit: the span "
-                        "exporter did not answer, or the emitter made no progress for %.1f s "
-                        "(OTEL_ROLLOUT_EXIT_TIMEOUT); they are dropped so the process can end",
-                        left, stall_s)
+        _logger.warning(
+            "otel_rollout: %d request record(s) were not emitted at exit: the span "
+            "exporter did not answer, or the emitter made no progress for %.1f s "
+            "(OTEL_ROLLOUT_EXIT_TIMEOUT); they are dropped so the process can end",
+            left,
+            stall_s,
+        )
     return ok
 
 
@@ -365,5 +376,8 @@ def _after_fork_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )

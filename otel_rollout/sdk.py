@@ -38,8 +38,10 @@ def use_urandom_ids(provider: object) -> bool:
     """
     if isinstance(provider, TracerProvider) and type(provider.id_generator) is RandomIdGenerator:
         provider.id_generator = UrandomIdGenerator()  # type: ignore[assignment]  # SDK annotates the stock class
-        _logger.info("otel_rollout: using os.urandom trace ids; engines seed Python's random, "
-                     "which would make ids repeat across workers and runs")
+        _logger.info(
+            "otel_rollout: using os.urandom trace ids; engines seed Python's random, "
+            "which would make ids repeat across workers and runs"
+        )
         return True
     return False
 
@@ -68,9 +70,13 @@ def _shutdown_within(timeout_s: float) -> None:
     # export would wait on the same exporter, so exit does not wait for it at all.
     stuck = emitter.exporter_stuck(timeout_s)
     candidates: tuple[Any, ...] = (trace.get_tracer_provider(), metrics.get_meter_provider())
-    providers = [p for p in candidates
-                 if callable(getattr(p, "shutdown", None)) and hasattr(p, "_atexit_handler")
-                 and getattr(p, "_shutdown", False) is not True]  # already shut down by its owner
+    providers = [
+        p
+        for p in candidates
+        if callable(getattr(p, "shutdown", None))
+        and hasattr(p, "_atexit_handler")
+        and getattr(p, "_shutdown", False) is not True
+    ]  # already shut down by its owner
     if not providers:
         return
     for provider in providers:
@@ -92,12 +98,16 @@ def _shutdown_within(timeout_s: float) -> None:
     worker.start()  # even when stuck: shutting the exporters down ends their retries
     worker.join(0.0 if stuck else timeout_s)
     if stuck:
-        _logger.warning("otel_rollout: the span exporter did not answer; telemetry still buffered "
-                        "at exit is dropped so the process can end")
+        _logger.warning(
+            "otel_rollout: the span exporter did not answer; telemetry still buffered "
+            "at exit is dropped so the process can end"
+        )
     elif worker.is_alive():
-        _logger.warning("otel_rollout: telemetry export did not finish within %.1f s of exit "
-                        "(OTEL_ROLLOUT_EXIT_TIMEOUT); the rest is dropped so the process can end",
-                        timeout_s)
+        _logger.warning(
+            "otel_rollout: telemetry export did not finish within %.1f s of exit "
+            "(OTEL_ROLLOUT_EXIT_TIMEOUT); the rest is dropped so the process can end",
+            timeout_s,
+        )
 
 
 def sdk_configured() -> bool:
@@ -120,10 +130,12 @@ def configure_from_environment() -> bool:
 
     initialize()
     if not sdk_configured():
-        PROCESS.warn("no configurator",
-                     "otel_rollout: no OpenTelemetry SDK configurator is installed in this "
-                     "process, so nothing is exported from it; install otel-rollout[otlp] "
-                     "(it brings opentelemetry-distro)")
+        PROCESS.warn(
+            "no configurator",
+            "otel_rollout: no OpenTelemetry SDK configurator is installed in this "
+            "process, so nothing is exported from it; install otel-rollout[otlp] "
+            "(it brings opentelemetry-distro)",
+        )
         return False
     return True
 

@@ -43,7 +43,12 @@ if TYPE_CHECKING:
     from otel_rollout.record import RequestRecord
 
 __all__ = [
-    "StepScope", "StepStats", "batch_in_step", "batch_step", "current_step", "rollout_step",
+    "StepScope",
+    "StepStats",
+    "batch_in_step",
+    "batch_step",
+    "current_step",
+    "rollout_step",
     "set_step",
 ]
 
@@ -96,8 +101,14 @@ class StepScope:
     ``stats`` holds them afterwards, for the trainer's own logger.
     """
 
-    def __init__(self, step: int | None = None, *, config: RolloutConfig | None = None,
-                 telemetry: Telemetry | None = None, **attributes: Any) -> None:
+    def __init__(
+        self,
+        step: int | None = None,
+        *,
+        config: RolloutConfig | None = None,
+        telemetry: Telemetry | None = None,
+        **attributes: Any,
+    ) -> None:
         self.step = step
         self.attributes = attributes
         self._config = config
@@ -139,8 +150,9 @@ class StepScope:
         self._started = time.monotonic()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: object) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
         duration = time.monotonic() - self._started
         if self._token is not None:
             otel_context.detach(self._token)  # type: ignore[arg-type]
@@ -164,8 +176,14 @@ class StepScope:
             stats = analyze(records, duration, config.tail_quantile, config.summary_stragglers)
         self.stats = stats
         if self._span is not None:
-            telemetry.finish_step(self._span, len(records), stats, exc,
-                                  records[0] if records else None, missing_calls=missing)
+            telemetry.finish_step(
+                self._span,
+                len(records),
+                stats,
+                exc,
+                records[0] if records else None,
+                missing_calls=missing,
+            )
             self._span = None
         if stats is not None:
             with telemetry.log.guard("step reports"):
@@ -174,8 +192,9 @@ class StepScope:
     async def __aenter__(self) -> StepScope:
         return self.__enter__()
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: object) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
         self.__exit__(exc_type, exc, tb)
 
     def __call__(self, func: F) -> F:
@@ -191,16 +210,19 @@ class StepScope:
             return StepScope(step, config=template._config, **template.attributes)
 
         if inspect.iscoroutinefunction(func):
+
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 async with scope():
                     return await func(*args, **kwargs)
+
             return cast(F, async_wrapper)
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with scope():
                 return func(*args, **kwargs)
+
         return cast(F, wrapper)
 
 

@@ -144,14 +144,23 @@ class _MeterObservers:
     def __init__(self, meter: Meter) -> None:
         self.members: weakref.WeakSet[Telemetry] = weakref.WeakSet()
         meter.create_observable_up_down_counter(
-            METRIC_ACTIVE, callbacks=[self._active], unit="{request}",
-            description="Requests in flight in the engine now.")
+            METRIC_ACTIVE,
+            callbacks=[self._active],
+            unit="{request}",
+            description="Requests in flight in the engine now.",
+        )
         meter.create_observable_counter(
-            METRIC_ENGINE_BUSY_TIME, callbacks=[self._busy], unit="s",
-            description="Time the engine had at least one request in flight.")
+            METRIC_ENGINE_BUSY_TIME,
+            callbacks=[self._busy],
+            unit="s",
+            description="Time the engine had at least one request in flight.",
+        )
         meter.create_observable_counter(
-            METRIC_ENGINE_IDLE_TIME, callbacks=[self._idle], unit="s",
-            description="Time the engine had no request in flight.")
+            METRIC_ENGINE_IDLE_TIME,
+            callbacks=[self._idle],
+            unit="s",
+            description="Time the engine had no request in flight.",
+        )
 
     def _sum(self, values: Iterator[tuple[dict[str, str], float]]) -> Iterator[Observation]:
         totals: dict[frozenset[tuple[str, str]], tuple[dict[str, str], float]] = {}
@@ -163,20 +172,26 @@ class _MeterObservers:
             yield Observation(value, attrs)
 
     def _active(self, options: CallbackOptions) -> Iterator[Observation]:
-        return self._sum((t._base_attributes(model, op), n)
-                         for t in list(self.members)
-                         for model, activity in list(t._engines.items())
-                         for op, n in activity.operations())
+        return self._sum(
+            (t._base_attributes(model, op), n)
+            for t in list(self.members)
+            for model, activity in list(t._engines.items())
+            for op, n in activity.operations()
+        )
 
     def _busy(self, options: CallbackOptions) -> Iterator[Observation]:
-        return self._sum((t._engine_attributes(model), activity.totals()[0])
-                         for t in list(self.members)
-                         for model, activity in list(t._engines.items()))
+        return self._sum(
+            (t._engine_attributes(model), activity.totals()[0])
+            for t in list(self.members)
+            for model, activity in list(t._engines.items())
+        )
 
     def _idle(self, options: CallbackOptions) -> Iterator[Observation]:
-        return self._sum((t._engine_attributes(model), activity.totals()[1])
-                         for t in list(self.members)
-                         for model, activity in list(t._engines.items()))
+        return self._sum(
+            (t._engine_attributes(model), activity.totals()[1])
+            for t in list(self.members)
+            for model, activity in list(t._engines.items())
+        )
 
 
 _OBSERVERS: dict[int, tuple[Meter, _MeterObservers]] = {}
@@ -252,8 +267,15 @@ class Telemetry:
     because the step already has its records and their ids.
     """
 
-    def __init__(self, provider: str, tracer: Tracer, meter: Meter, config: RolloutConfig,
-                 tracer_provider: Any = None, scope: str | None = None) -> None:
+    def __init__(
+        self,
+        provider: str,
+        tracer: Tracer,
+        meter: Meter,
+        config: RolloutConfig,
+        tracer_provider: Any = None,
+        scope: str | None = None,
+    ) -> None:
         self.provider = provider
         self.tracer = tracer
         self.config = config
@@ -265,32 +287,47 @@ class Telemetry:
         self._request_tracer, self._preset = _preset_tracer(tracer)
         self._emitter: Emitter | None = None
         self._emitter_lock = threading.Lock()
-        self._label_sets: dict[tuple[str, str, str | None, str | None],
-                               tuple[dict[str, str], dict[str, str], dict[str, str]]] = {}
+        self._label_sets: dict[
+            tuple[str, str, str | None, str | None],
+            tuple[dict[str, str], dict[str, str], dict[str, str]],
+        ] = {}
         lat = config.latency_buckets
         self.duration = meter.create_histogram(
-            gen_ai_metrics.GEN_AI_SERVER_REQUEST_DURATION, unit="s",
+            gen_ai_metrics.GEN_AI_SERVER_REQUEST_DURATION,
+            unit="s",
             description="Generate request latency, arrival to last token, in the engine.",
-            explicit_bucket_boundaries_advisory=lat)
+            explicit_bucket_boundaries_advisory=lat,
+        )
         self.ttft = meter.create_histogram(
-            gen_ai_metrics.GEN_AI_SERVER_TIME_TO_FIRST_TOKEN, unit="s",
+            gen_ai_metrics.GEN_AI_SERVER_TIME_TO_FIRST_TOKEN,
+            unit="s",
             description="Arrival to first output token.",
-            explicit_bucket_boundaries_advisory=config.ttft_buckets)
+            explicit_bucket_boundaries_advisory=config.ttft_buckets,
+        )
         self.tpot = meter.create_histogram(
-            gen_ai_metrics.GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN, unit="s",
+            gen_ai_metrics.GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN,
+            unit="s",
             description="Decode time per output token after the first.",
-            explicit_bucket_boundaries_advisory=config.tpot_buckets)
+            explicit_bucket_boundaries_advisory=config.tpot_buckets,
+        )
         self.tokens = meter.create_histogram(
-            gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE, unit="{token}",
+            gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE,
+            unit="{token}",
             description="Input and output tokens per request; output is the response length.",
-            explicit_bucket_boundaries_advisory=config.token_buckets)
+            explicit_bucket_boundaries_advisory=config.token_buckets,
+        )
         self.queue_time = meter.create_histogram(
-            ROLLOUT_QUEUE_TIME, unit="s", description="Arrival until the scheduler first ran it.",
-            explicit_bucket_boundaries_advisory=lat)
+            ROLLOUT_QUEUE_TIME,
+            unit="s",
+            description="Arrival until the scheduler first ran it.",
+            explicit_bucket_boundaries_advisory=lat,
+        )
         self.dropped = meter.create_counter(
-            METRIC_TELEMETRY_DROPPED, unit="{record}",
+            METRIC_TELEMETRY_DROPPED,
+            unit="{record}",
             description="Request records whose spans and metric points were never made because "
-                        "the background emitter's queue was full (OTEL_ROLLOUT_EMIT_QUEUE).")
+            "the background emitter's queue was full (OTEL_ROLLOUT_EMIT_QUEUE).",
+        )
         _observers(meter).members.add(self)
         self.step_instruments = StepInstruments(meter, config)
 
@@ -312,8 +349,10 @@ class Telemetry:
             self._engine(model).change(-count, operation)
 
     def _engine_attributes(self, model: str, provider: str | None = None) -> dict[str, str]:
-        return {GenAI.GEN_AI_PROVIDER_NAME: provider or self.provider,
-                GenAI.GEN_AI_REQUEST_MODEL: model}
+        return {
+            GenAI.GEN_AI_PROVIDER_NAME: provider or self.provider,
+            GenAI.GEN_AI_REQUEST_MODEL: model,
+        }
 
     def _base_attributes(self, model: str, operation: str) -> dict[str, str]:
         return {
@@ -335,8 +374,10 @@ class Telemetry:
         ctx = otel_context.get_current()
         with self.log.guard("batch span"):
             span = self.tracer.start_span(
-                BATCH_SPAN_NAME, kind=SpanKind.INTERNAL,
-                attributes={**self._base_attributes(model, operation), ROLLOUT_BATCH_SIZE: size})
+                BATCH_SPAN_NAME,
+                kind=SpanKind.INTERNAL,
+                attributes={**self._base_attributes(model, operation), ROLLOUT_BATCH_SIZE: size},
+            )
             ctx = trace.set_span_in_context(span)
         error: BaseException | None = None
         try:
@@ -387,8 +428,9 @@ class Telemetry:
         provider = self._tracer_provider or trace.get_tracer_provider()
         if self._scope is None or isinstance(provider, trace.ProxyTracerProvider):
             return
-        real = trace.get_tracer(self._scope, __version__, tracer_provider=provider,
-                                schema_url=SCHEMA_URL)
+        real = trace.get_tracer(
+            self._scope, __version__, tracer_provider=provider, schema_url=SCHEMA_URL
+        )
         self._request_tracer, self._preset = _preset_tracer(real)
 
     def _emit_inline(self, records: Sequence[RequestRecord], parent: Context) -> None:
@@ -413,14 +455,22 @@ class Telemetry:
         with self._emitter_lock:
             if self._emitter is None:
                 self._emitter = Emitter(
-                    self._emit_background, self.config.emit_queue,
-                    name=f"otel_rollout-emitter-{self.provider}", pace=self._drain_spans,
-                    pace_every=_pace_every(), on_drop=self._dropped,
-                    on_error=lambda exc: self.log.failed("request telemetry", exc))
+                    self._emit_background,
+                    self.config.emit_queue,
+                    name=f"otel_rollout-emitter-{self.provider}",
+                    pace=self._drain_spans,
+                    pace_every=_pace_every(),
+                    on_drop=self._dropped,
+                    on_error=lambda exc: self.log.failed("request telemetry", exc),
+                )
             return self._emitter
 
     def _emit_background(self, records: Sequence[RequestRecord], parent: Context) -> None:
-        tracer, preset, guard = self._request_tracer, self._preset, self.log.guard("request telemetry")
+        tracer, preset, guard = (
+            self._request_tracer,
+            self._preset,
+            self.log.guard("request telemetry"),
+        )
         for record in records:
             with guard:  # one record's failure does not cost the others their telemetry
                 self._emit(record, parent, tracer, preset)
@@ -440,26 +490,41 @@ class Telemetry:
     def _dropped(self, count: int) -> None:
         """The queue was full: count what is lost and say, once, which setting to raise."""
         with self.log.guard("dropped records"):
-            self.dropped.add(count, {GenAI.GEN_AI_PROVIDER_NAME: self.provider,
-                                     ROLLOUT_DROP_REASON: "queue_full"})
-        self.log.warn("emit queue full",
-                      "otel_rollout: %d request record(s) dropped: the background emitter's queue "
-                      "of %d records was full (raise OTEL_ROLLOUT_EMIT_QUEUE, or set it to 0 to "
-                      "emit in the caller); counted in %s. Further drops are only counted.",
-                      count, self.config.emit_queue, METRIC_TELEMETRY_DROPPED)
+            self.dropped.add(
+                count,
+                {GenAI.GEN_AI_PROVIDER_NAME: self.provider, ROLLOUT_DROP_REASON: "queue_full"},
+            )
+        self.log.warn(
+            "emit queue full",
+            "otel_rollout: %d request record(s) dropped: the background emitter's queue "
+            "of %d records was full (raise OTEL_ROLLOUT_EMIT_QUEUE, or set it to 0 to "
+            "emit in the caller); counted in %s. Further drops are only counted.",
+            count,
+            self.config.emit_queue,
+            METRIC_TELEMETRY_DROPPED,
+        )
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every record handed to this emitter so far has its span and points."""
         emitter = self._emitter
         return True if emitter is None else emitter.flush(timeout_s)
 
-    def _emit(self, record: RequestRecord, parent: Context | None, tracer: Tracer,
-              preset: _PresetIds | None) -> None:
+    def _emit(
+        self,
+        record: RequestRecord,
+        parent: Context | None,
+        tracer: Tracer,
+        preset: _PresetIds | None,
+    ) -> None:
         if preset is not None:
             preset.trace_id, preset.span_id = record.trace_id, record.span_id
         span = tracer.start_span(
-            f"{record.operation} {record.model}", context=parent, kind=SpanKind.INTERNAL,
-            start_time=record.arrival_ns, attributes=self._span_attributes(record, parent))
+            f"{record.operation} {record.model}",
+            context=parent,
+            kind=SpanKind.INTERNAL,
+            start_time=record.arrival_ns,
+            attributes=self._span_attributes(record, parent),
+        )
         if preset is not None:
             preset.trace_id = preset.span_id = 0
         if record.first_token_ns is not None:
@@ -485,7 +550,8 @@ class Telemetry:
             self.tokens.record(record.output_tokens, outputs, context=ctx)
 
     def _metric_attributes(
-            self, record: RequestRecord) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+        self, record: RequestRecord
+    ) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
         """A request's metric label sets, built once per label combination (labels are bounded:
         model, operation, finish reason, error type), not three dicts per request."""
         error = type(record.error).__qualname__ if record.error is not None else None
@@ -498,8 +564,11 @@ class Telemetry:
                 attrs[ROLLOUT_FINISH_REASON] = reason
             if error is not None:
                 attrs[error_attributes.ERROR_TYPE] = error
-            cached = (attrs, {**attrs, GenAI.GEN_AI_TOKEN_TYPE: "input"},
-                      {**attrs, GenAI.GEN_AI_TOKEN_TYPE: "output"})
+            cached = (
+                attrs,
+                {**attrs, GenAI.GEN_AI_TOKEN_TYPE: "input"},
+                {**attrs, GenAI.GEN_AI_TOKEN_TYPE: "output"},
+            )
             if len(self._label_sets) < 4096:  # bounded even if error types are not
                 self._label_sets[key] = cached
         return cached
@@ -508,15 +577,23 @@ class Telemetry:
 
     def start_step(self, step: int | None, attributes: Mapping[str, Any]) -> trace.Span:
         """The step span, started now in the current context; extra keys get the step prefix."""
-        attrs = {k if k.startswith("rollout.") else ROLLOUT_STEP_ATTRIBUTE_PREFIX + k: v
-                 for k, v in attributes.items()}
+        attrs = {
+            k if k.startswith("rollout.") else ROLLOUT_STEP_ATTRIBUTE_PREFIX + k: v
+            for k, v in attributes.items()
+        }
         if step is not None:
             attrs[ROLLOUT_STEP] = step
         return self.tracer.start_span(STEP_SPAN_NAME, kind=SpanKind.INTERNAL, attributes=attrs)
 
-    def finish_step(self, span: trace.Span, requests: int, stats: StepStats | None,
-                    error: BaseException | None, first: RequestRecord | None,
-                    missing_calls: int = 0) -> None:
+    def finish_step(
+        self,
+        span: trace.Span,
+        requests: int,
+        stats: StepStats | None,
+        error: BaseException | None,
+        first: RequestRecord | None,
+        missing_calls: int = 0,
+    ) -> None:
         """Put a step's analysis on its span and into the step metrics, then end the span.
 
         ``first`` is one of the step's requests: its provider and model label the step's points.
@@ -534,8 +611,10 @@ class Telemetry:
                 if stats is not None and first is not None:
                     span.set_attributes(step_span_attributes(stats))
                     self.step_instruments.record(
-                        stats, self._engine_attributes(first.model, first.provider),
-                        trace.set_span_in_context(span))
+                        stats,
+                        self._engine_attributes(first.model, first.provider),
+                        trace.set_span_in_context(span),
+                    )
         finally:
             with self.log.guard("step span"):
                 span.end()
@@ -575,14 +654,25 @@ class Telemetry:
         limit = self.config.content_max_length
         if record.prompt_text is not None:
             attrs[GenAI.GEN_AI_INPUT_MESSAGES] = json.dumps(
-                [{"role": "user", "parts": [{"type": "text", "content": record.prompt_text[:limit]}]}])
+                [
+                    {
+                        "role": "user",
+                        "parts": [{"type": "text", "content": record.prompt_text[:limit]}],
+                    }
+                ]
+            )
         if record.completion_texts:
             reasons = record.finish_reasons
-            attrs[GenAI.GEN_AI_OUTPUT_MESSAGES] = json.dumps([
-                {"role": "assistant", "parts": [{"type": "text", "content": text[:limit]}],
-                 "finish_reason": reasons[i] if i < len(reasons) else ""}
-                for i, text in enumerate(record.completion_texts)
-            ])
+            attrs[GenAI.GEN_AI_OUTPUT_MESSAGES] = json.dumps(
+                [
+                    {
+                        "role": "assistant",
+                        "parts": [{"type": "text", "content": text[:limit]}],
+                        "finish_reason": reasons[i] if i < len(reasons) else "",
+                    }
+                    for i, text in enumerate(record.completion_texts)
+                ]
+            )
 
 
 def _describe(error: BaseException) -> str:
@@ -621,39 +711,73 @@ class StepInstruments:
 
     def __init__(self, meter: Meter, config: RolloutConfig) -> None:
         def hist(name: str, unit: str, buckets: Sequence[float], desc: str) -> metrics.Histogram:
-            return meter.create_histogram(name, unit=unit, description=desc,
-                                          explicit_bucket_boundaries_advisory=buckets)
+            return meter.create_histogram(
+                name, unit=unit, description=desc, explicit_bucket_boundaries_advisory=buckets
+            )
 
         lat = config.latency_buckets
         self.duration = hist(STEP_DURATION, "s", lat, "Wall time of a training step's scope.")
-        self.tail_duration = hist(STEP_TAIL_DURATION, "s", lat,
-                                  "Time from the tail quantile of finishes to the last finish.")
-        self.tail_requests = hist(STEP_TAIL_REQUESTS, "{request}", _COUNT_BUCKETS,
-                                  "Requests still running when the tail began.")
+        self.tail_duration = hist(
+            STEP_TAIL_DURATION,
+            "s",
+            lat,
+            "Time from the tail quantile of finishes to the last finish.",
+        )
+        self.tail_requests = hist(
+            STEP_TAIL_REQUESTS,
+            "{request}",
+            _COUNT_BUCKETS,
+            "Requests still running when the tail began.",
+        )
         self.requests = hist(STEP_REQUESTS, "{request}", _COUNT_BUCKETS, "Requests in the step.")
-        self.straggler_ratio = hist(STEP_STRAGGLER_RATIO, "1", DEFAULT_RATIO_BUCKETS,
-                                    "Slowest request latency over the median.")
-        self.truncation_ratio = hist(STEP_TRUNCATION_RATIO, "1", _FRACTION_BUCKETS,
-                                     "Share of requests that stopped at max_tokens.")
+        self.straggler_ratio = hist(
+            STEP_STRAGGLER_RATIO,
+            "1",
+            DEFAULT_RATIO_BUCKETS,
+            "Slowest request latency over the median.",
+        )
+        self.truncation_ratio = hist(
+            STEP_TRUNCATION_RATIO,
+            "1",
+            _FRACTION_BUCKETS,
+            "Share of requests that stopped at max_tokens.",
+        )
         self.idle_capacity = hist(
-            STEP_IDLE_CAPACITY, "s", IDLE_CAPACITY_BUCKETS,
-            "Request-seconds of in-flight capacity left unused during the rollout window.")
-        self.idle_fraction = hist(STEP_IDLE_FRACTION, "1", _FRACTION_BUCKETS,
-                                  "Idle capacity as a share of peak in-flight × window.")
-        self.output_tokens = hist(STEP_OUTPUT_TOKENS, "{token}", config.token_buckets,
-                                  "Per-step response length statistics.")
+            STEP_IDLE_CAPACITY,
+            "s",
+            IDLE_CAPACITY_BUCKETS,
+            "Request-seconds of in-flight capacity left unused during the rollout window.",
+        )
+        self.idle_fraction = hist(
+            STEP_IDLE_FRACTION,
+            "1",
+            _FRACTION_BUCKETS,
+            "Idle capacity as a share of peak in-flight × window.",
+        )
+        self.output_tokens = hist(
+            STEP_OUTPUT_TOKENS,
+            "{token}",
+            config.token_buckets,
+            "Per-step response length statistics.",
+        )
 
     def record(self, stats: StepStats, attrs: dict[str, str], ctx: Context) -> None:
         for instrument, value in (
-                (self.duration, stats.duration_s), (self.tail_duration, stats.tail_duration_s),
-                (self.tail_requests, stats.tail_requests), (self.requests, stats.requests),
-                (self.straggler_ratio, stats.straggler_ratio),
-                (self.truncation_ratio, stats.truncation_ratio),
-                (self.idle_capacity, stats.idle_capacity_s),
-                (self.idle_fraction, stats.idle_fraction)):
+            (self.duration, stats.duration_s),
+            (self.tail_duration, stats.tail_duration_s),
+            (self.tail_requests, stats.tail_requests),
+            (self.requests, stats.requests),
+            (self.straggler_ratio, stats.straggler_ratio),
+            (self.truncation_ratio, stats.truncation_ratio),
+            (self.idle_capacity, stats.idle_capacity_s),
+            (self.idle_fraction, stats.idle_fraction),
+        ):
             instrument.record(value, attrs, context=ctx)
-        for stat, tokens in (("max", stats.output_tokens_max), ("p50", stats.output_tokens_p50),
-                             ("p90", stats.output_tokens_p90)):
+        for stat, tokens in (
+            ("max", stats.output_tokens_max),
+            ("p50", stats.output_tokens_p50),
+            ("p90", stats.output_tokens_p90),
+        ):
             self.output_tokens.record(tokens, {**attrs, ROLLOUT_STATISTIC: stat}, context=ctx)
 
 
@@ -664,20 +788,32 @@ _EMITTERS_LOCK = threading.Lock()
 _DEFAULT: list[Telemetry] = []
 
 
-def create_telemetry(provider: str, tracer_provider: Any = None, meter_provider: Any = None,
-                     config: RolloutConfig | None = None) -> Telemetry:
+def create_telemetry(
+    provider: str,
+    tracer_provider: Any = None,
+    meter_provider: Any = None,
+    config: RolloutConfig | None = None,
+) -> Telemetry:
     """An emitter on the given providers (the global ones when ``None``), scope ``otel_rollout.<provider>``.
 
     Each engine has its own instrumentation scope: on a shared meter the second engine's
     observable counters would be duplicates the SDK ignores.
     """
     scope = f"otel_rollout.{provider}"
-    tracer = trace.get_tracer(scope, __version__, tracer_provider=tracer_provider,
-                              schema_url=SCHEMA_URL)
-    meter = metrics.get_meter(scope, __version__, meter_provider=meter_provider,
-                              schema_url=SCHEMA_URL)
-    return Telemetry(provider, tracer, meter, config or load_config(),
-                     tracer_provider=tracer_provider, scope=scope)
+    tracer = trace.get_tracer(
+        scope, __version__, tracer_provider=tracer_provider, schema_url=SCHEMA_URL
+    )
+    meter = metrics.get_meter(
+        scope, __version__, meter_provider=meter_provider, schema_url=SCHEMA_URL
+    )
+    return Telemetry(
+        provider,
+        tracer,
+        meter,
+        config or load_config(),
+        tracer_provider=tracer_provider,
+        scope=scope,
+    )
 
 
 def register(telemetry: Telemetry) -> None:

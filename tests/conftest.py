@@ -24,11 +24,14 @@ from testkit.otlp_receiver import OTLPReceiver
 
 REPO = Path(__file__).resolve().parent.parent
 
-_DELTA = {kind: AggregationTemporality.DELTA for kind in (
-    __import__("opentelemetry.sdk.metrics", fromlist=["Histogram"]).Histogram,
-    __import__("opentelemetry.sdk.metrics", fromlist=["Counter"]).Counter,
-    __import__("opentelemetry.sdk.metrics", fromlist=["UpDownCounter"]).UpDownCounter,
-)}
+_DELTA = {
+    kind: AggregationTemporality.DELTA
+    for kind in (
+        __import__("opentelemetry.sdk.metrics", fromlist=["Histogram"]).Histogram,
+        __import__("opentelemetry.sdk.metrics", fromlist=["Counter"]).Counter,
+        __import__("opentelemetry.sdk.metrics", fromlist=["UpDownCounter"]).UpDownCounter,
+    )
+}
 
 
 class OTelHarness:
@@ -82,8 +85,14 @@ class _Delta:
         if hasattr(point, "count"):
             self.count = point.count - (base.count if base else 0)
             self.sum = point.sum - (base.sum if base else 0)
-            self.bucket_counts = [a - (b if base else 0) for a, b in zip(
-                point.bucket_counts, base.bucket_counts if base else [0] * len(point.bucket_counts))]
+            self.bucket_counts = [
+                a - (b if base else 0)
+                for a, b in zip(
+                    point.bucket_counts,
+                    base.bucket_counts if base else [0] * len(point.bucket_counts),
+                    strict=False,
+                )
+            ]
             self.value = None
         else:
             self.count = 0
@@ -144,6 +153,10 @@ def tiny_model() -> str:
         return path
     import sys
 
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py")],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "make_tiny_model.py")],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return out.stdout.strip().splitlines()[-1]

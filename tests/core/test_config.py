@@ -22,9 +22,9 @@ _BY_ENV = {s.env: s for s in SETTINGS}
 # (variable, malformed value) — at least one per setting that can be malformed at all.
 MALFORMED = [
     ("OTEL_ROLLOUT_LATENCY_BUCKETS", "fast,slow"),
-    ("OTEL_ROLLOUT_LATENCY_BUCKETS", "1,0.5,2"),       # not increasing
-    ("OTEL_ROLLOUT_LATENCY_BUCKETS", "-1,2"),          # negative
-    ("OTEL_ROLLOUT_LATENCY_BUCKETS", "1,,2"),          # empty entry
+    ("OTEL_ROLLOUT_LATENCY_BUCKETS", "1,0.5,2"),  # not increasing
+    ("OTEL_ROLLOUT_LATENCY_BUCKETS", "-1,2"),  # negative
+    ("OTEL_ROLLOUT_LATENCY_BUCKETS", "1,,2"),  # empty entry
     ("OTEL_ROLLOUT_LATENCY_BUCKETS", "1,inf"),
     ("OTEL_ROLLOUT_TTFT_BUCKETS", "nan"),
     ("OTEL_ROLLOUT_TPOT_BUCKETS", ",".join(str(i) for i in range(1, 300))),  # too many
@@ -86,15 +86,17 @@ def test_empty_is_unset(value: str, caplog) -> None:
 
 
 def test_valid_values_are_parsed() -> None:
-    config = load_config({
-        "OTEL_ROLLOUT_LATENCY_BUCKETS": " 0.5, 1 ,30 ",
-        "OTEL_ROLLOUT_CONTENT_MAX_LENGTH": "0",
-        "OTEL_ROLLOUT_TAIL_QUANTILE": "0.75",
-        "OTEL_ROLLOUT_STEP_SUMMARY": "yes",
-        "OTEL_ROLLOUT_SUMMARY_STRAGGLERS": "0",
-        "OTEL_ROLLOUT_BATCH_AS_STEP": "ON",
-        "OTEL_ROLLOUT_STEP_LOG": "~/steps.jsonl",
-    })
+    config = load_config(
+        {
+            "OTEL_ROLLOUT_LATENCY_BUCKETS": " 0.5, 1 ,30 ",
+            "OTEL_ROLLOUT_CONTENT_MAX_LENGTH": "0",
+            "OTEL_ROLLOUT_TAIL_QUANTILE": "0.75",
+            "OTEL_ROLLOUT_STEP_SUMMARY": "yes",
+            "OTEL_ROLLOUT_SUMMARY_STRAGGLERS": "0",
+            "OTEL_ROLLOUT_BATCH_AS_STEP": "ON",
+            "OTEL_ROLLOUT_STEP_LOG": "~/steps.jsonl",
+        }
+    )
     assert config.problems == ()
     assert config.latency_buckets == (0.5, 1.0, 30.0)
     assert type(config.content_max_length) is int and config.content_max_length == 0
@@ -114,7 +116,10 @@ def test_warn_false_is_silent(caplog) -> None:
 # --- bucket overrides reach the SDK's histograms --------------------------------------------
 
 BUCKET_CASES = [
-    ("OTEL_ROLLOUT_LATENCY_BUCKETS", ("gen_ai.server.request.duration", "rollout.request.queue_time")),
+    (
+        "OTEL_ROLLOUT_LATENCY_BUCKETS",
+        ("gen_ai.server.request.duration", "rollout.request.queue_time"),
+    ),
     ("OTEL_ROLLOUT_TTFT_BUCKETS", ("gen_ai.server.time_to_first_token",)),
     ("OTEL_ROLLOUT_TPOT_BUCKETS", ("gen_ai.server.time_per_output_token",)),
     ("OTEL_ROLLOUT_TOKEN_BUCKETS", ("gen_ai.client.token.usage",)),
@@ -136,14 +141,16 @@ def _bounds(reader: InMemoryMetricReader, model: str) -> dict[str, set[tuple[flo
 
 
 @pytest.mark.parametrize("env, names", BUCKET_CASES, ids=[e for e, _ in BUCKET_CASES])
-def test_bucket_override_on_a_new_meter_provider(env: str, names: tuple[str, ...],
-                                                 monkeypatch: Any) -> None:
+def test_bucket_override_on_a_new_meter_provider(
+    env: str, names: tuple[str, ...], monkeypatch: Any
+) -> None:
     """The instrumentor's own path: env var → load_config → advisory on the instrument."""
     monkeypatch.setenv(env, CUSTOM)
     reader = InMemoryMetricReader()
     meter_provider = MeterProvider(metric_readers=[reader])
-    telemetry = build_telemetry("vllm", {"meter_provider": meter_provider,
-                                         "tracer_provider": TracerProvider()})
+    telemetry = build_telemetry(
+        "vllm", {"meter_provider": meter_provider, "tracer_provider": TracerProvider()}
+    )
     telemetry.emit(make_record("bucket-model"))
     assert telemetry.flush(30.0)  # records are emitted in the background
     bounds = _bounds(reader, "bucket-model")
@@ -157,16 +164,20 @@ def test_bucket_override_on_a_new_meter_provider(env: str, names: tuple[str, ...
 
 
 @pytest.mark.parametrize("env, names", BUCKET_CASES, ids=[e for e, _ in BUCKET_CASES])
-def test_bucket_override_under_an_existing_meter_provider(env: str, names: tuple[str, ...],
-                                                          otel: OTelHarness, model: str) -> None:
+def test_bucket_override_under_an_existing_meter_provider(
+    env: str, names: tuple[str, ...], otel: OTelHarness, model: str
+) -> None:
     """The session's global provider was created long before this configuration was read."""
     config = load_config({env: CUSTOM})
     scope = f"tests.core.buckets.{env}"  # fresh instruments: the SDK keeps an instrument's first advisory
-    telemetry = Telemetry("vllm", otel.tracer_provider.get_tracer(scope),
-                          otel.meter_provider.get_meter(scope), config)
+    telemetry = Telemetry(
+        "vllm", otel.tracer_provider.get_tracer(scope), otel.meter_provider.get_meter(scope), config
+    )
     telemetry.emit(make_record(model))
-    points = {name: [p for p in otel.metric_points(name)
-                     if p.attributes["gen_ai.request.model"] == model] for name in names}
+    points = {
+        name: [p for p in otel.metric_points(name) if p.attributes["gen_ai.request.model"] == model]
+        for name in names
+    }
     for name in names:
         assert points[name], name
         assert {tuple(p.point.explicit_bounds) for p in points[name]} == {CUSTOM_BOUNDS}, name
@@ -175,8 +186,9 @@ def test_bucket_override_under_an_existing_meter_provider(env: str, names: tuple
 def test_default_buckets_reach_the_histograms(model: str) -> None:
     reader = InMemoryMetricReader()
     meter_provider = MeterProvider(metric_readers=[reader])
-    telemetry = Telemetry("vllm", TracerProvider().get_tracer("t"), meter_provider.get_meter("t"),
-                          RolloutConfig())
+    telemetry = Telemetry(
+        "vllm", TracerProvider().get_tracer("t"), meter_provider.get_meter("t"), RolloutConfig()
+    )
     telemetry.emit(make_record(model))
     assert telemetry.flush(30.0)  # records are emitted in the background
     bounds = _bounds(reader, model)

@@ -59,8 +59,14 @@ class Pipeline:
 
     def points(self, name: str) -> list[Any]:
         data = self.reader.get_metrics_data()
-        return [p for rm in (data.resource_metrics if data else ()) for sm in rm.scope_metrics
-                for m in sm.metrics if m.name == name for p in m.data.data_points]
+        return [
+            p
+            for rm in (data.resource_metrics if data else ())
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == name
+            for p in m.data.data_points
+        ]
 
     def request_spans(self) -> list[Any]:
         return [s for s in self.spans.get_finished_spans() if s.name.startswith("text_completion")]
@@ -74,15 +80,21 @@ def _pipeline(queue: int, *processors: SpanProcessor) -> Pipeline:
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     reader = InMemoryMetricReader()
     meter_provider = MeterProvider(metric_readers=[reader])
-    telemetry = Telemetry("vllm", tracer_provider.get_tracer("tests.emitter"),
-                          meter_provider.get_meter("tests.emitter"),
-                          RolloutConfig(emit_queue=queue), tracer_provider=tracer_provider)
+    telemetry = Telemetry(
+        "vllm",
+        tracer_provider.get_tracer("tests.emitter"),
+        meter_provider.get_meter("tests.emitter"),
+        RolloutConfig(emit_queue=queue),
+        tracer_provider=tracer_provider,
+    )
     return Pipeline(telemetry, spans, reader, tracer_provider)
 
 
 def _records(n: int, tag: str) -> list[RequestRecord]:
-    return [make_record("emitter-model", request_id=f"{tag}-{i}", output_tokens=1 + i % 7)
-            for i in range(n)]
+    return [
+        make_record("emitter-model", request_id=f"{tag}-{i}", output_tokens=1 + i % 7)
+        for i in range(n)
+    ]
 
 
 @pytest.fixture
@@ -92,21 +104,24 @@ def hung() -> Iterator[_HungExporter]:
     processor.release.set()
 
 
-def test_full_queue_drops_counts_and_warns_once_without_blocking(hung: _HungExporter,
-                                                                  caplog: Any) -> None:
+def test_full_queue_drops_counts_and_warns_once_without_blocking(
+    hung: _HungExporter, caplog: Any
+) -> None:
     p = _pipeline(100, hung)
     p.telemetry.emit(make_record("emitter-model", request_id="first"))
     assert hung.entered.wait(10)  # the emitter is now stuck in the exporter with that record
     with caplog.at_level(logging.WARNING, logger="otel_rollout"):
         started = time.monotonic()
         p.telemetry.emit_all(_records(150, "burst"))  # 99 fit beside the stuck one
-        p.telemetry.emit_all(_records(10, "late"))    # nothing fits
+        p.telemetry.emit_all(_records(10, "late"))  # nothing fits
         handed_over = time.monotonic() - started
     assert handed_over < 1.0, f"a full queue blocked the caller for {handed_over:.2f} s"
     (dropped,) = p.points("rollout.telemetry.dropped")
     assert dropped.value == 51 + 10
-    assert dict(dropped.attributes) == {"gen_ai.provider.name": "vllm",
-                                        "rollout.drop.reason": "queue_full"}
+    assert dict(dropped.attributes) == {
+        "gen_ai.provider.name": "vllm",
+        "rollout.drop.reason": "queue_full",
+    }
     warnings = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
     assert len(warnings) == 1 and "OTEL_ROLLOUT_EMIT_QUEUE" in warnings[0]
 
@@ -162,12 +177,19 @@ def test_every_record_of_a_10k_call_arrives(queue: int) -> None:
     assert len(spans) == 10_000
     assert {s.attributes["gen_ai.response.id"] for s in spans} == {r.request_id for r in records}
     data = p.reader.get_metrics_data()  # one collection: exemplars belong to the interval
-    metrics = {m.name: m.data.data_points for rm in data.resource_metrics
-               for sm in rm.scope_metrics for m in sm.metrics}
+    metrics = {
+        m.name: m.data.data_points
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
     (duration,) = metrics["gen_ai.server.request.duration"]
     assert duration.count == 10_000
-    tokens = [pt for pt in metrics["gen_ai.client.token.usage"]
-              if pt.attributes["gen_ai.token.type"] == "output"]
+    tokens = [
+        pt
+        for pt in metrics["gen_ai.client.token.usage"]
+        if pt.attributes["gen_ai.token.type"] == "output"
+    ]
     assert sum(pt.count for pt in tokens) == 10_000
     assert sum(pt.sum for pt in tokens) == sum(r.output_tokens for r in records)
     by_id = {s.context.span_id: s for s in spans}
@@ -191,10 +213,15 @@ def test_a_forked_child_emits_its_own_records() -> None:
             p.telemetry.emit_all(_records(50, "child"))
             ok = p.telemetry.flush(60)
             spans = p.request_spans()
-            report = {"ok": ok, "child": sorted(s.attributes["gen_ai.response.id"]
-                                                for s in spans
-                                                if s.attributes["gen_ai.response.id"].startswith("child")),
-                      "parent_added": len(spans) - inherited - 50}
+            report = {
+                "ok": ok,
+                "child": sorted(
+                    s.attributes["gen_ai.response.id"]
+                    for s in spans
+                    if s.attributes["gen_ai.response.id"].startswith("child")
+                ),
+                "parent_added": len(spans) - inherited - 50,
+            }
             os.write(write_end, json.dumps(report).encode())
             code = 0
         finally:
@@ -208,8 +235,16 @@ def test_a_forked_child_emits_its_own_records() -> None:
     assert report["child"] == sorted(f"child-{i}" for i in range(50))
     assert report["parent_added"] == 0  # the parent's queued records are the parent's to emit
     assert p.telemetry.flush(60)
-    assert len([s for s in p.request_spans()
-                if s.attributes["gen_ai.response.id"].startswith("parent")]) == 5_000
+    assert (
+        len(
+            [
+                s
+                for s in p.request_spans()
+                if s.attributes["gen_ai.response.id"].startswith("parent")
+            ]
+        )
+        == 5_000
+    )
 
 
 _EXIT_JOB = """
@@ -244,13 +279,19 @@ print("PENDING", telemetry._emitter.pending if telemetry._emitter else 0, flush=
 
 
 @pytest.mark.parametrize("queue", ["262144", "0"], ids=["background", "inline"])
-def test_exit_with_records_pending_exports_them_all(queue: str,
-                                                    otlp_receiver: OTLPReceiver) -> None:
+def test_exit_with_records_pending_exports_them_all(
+    queue: str, otlp_receiver: OTLPReceiver
+) -> None:
     count = 10_000
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update(PYTHONPATH=str(REPO), OTEL_ROLLOUT_EMIT_QUEUE=queue)
-    proc = subprocess.run([sys.executable, "-c", _EXIT_JOB, otlp_receiver.grpc_endpoint,
-                           str(count)], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXIT_JOB, otlp_receiver.grpc_endpoint, str(count)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     pending = int(proc.stdout.split("PENDING")[1].split()[0])
     if queue != "0":
@@ -275,16 +316,27 @@ def test_in_flight_of_several_emitters_on_one_meter_all_report() -> None:
 
     def points(name: str) -> dict[tuple[str, str], float]:
         data = reader.get_metrics_data()
-        return {(p.attributes["gen_ai.request.model"],
-                 p.attributes.get("gen_ai.operation.name", "")): p.value
-                for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
-                if m.name == name for p in m.data.data_points}
+        return {
+            (
+                p.attributes["gen_ai.request.model"],
+                p.attributes.get("gen_ai.operation.name", ""),
+            ): p.value
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == name
+            for p in m.data.data_points
+        }
 
-    assert points("rollout.requests.active") == {("model-a", "text_completion"): 5,
-                                                 ("model-b", "chat"): 4}
+    assert points("rollout.requests.active") == {
+        ("model-a", "text_completion"): 5,
+        ("model-b", "chat"): 4,
+    }
     assert set(points("rollout.engine.busy_time")) == {("model-a", ""), ("model-b", "")}
     first.requests_ended("model-a", "text_completion", 3)
     second.requests_ended("model-b", "chat", 4)
     second.requests_ended("model-a", "text_completion", 2)
-    assert points("rollout.requests.active") == {("model-a", "text_completion"): 0,
-                                                 ("model-b", "chat"): 0}
+    assert points("rollout.requests.active") == {
+        ("model-a", "text_completion"): 0,
+        ("model-b", "chat"): 0,
+    }

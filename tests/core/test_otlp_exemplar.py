@@ -12,8 +12,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from otel_rollout.config import RolloutConfig
 from otel_rollout.telemetry import Telemetry
-from tests.core.conftest import make_record
 from testkit.otlp_receiver import OTLPReceiver, attr
+from tests.core.conftest import make_record
 
 
 def _exporters(protocol: str, receiver: OTLPReceiver) -> tuple[Any, Any]:
@@ -21,13 +21,17 @@ def _exporters(protocol: str, receiver: OTLPReceiver) -> tuple[Any, Any]:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        return (OTLPSpanExporter(endpoint=receiver.grpc_endpoint, insecure=True),
-                OTLPMetricExporter(endpoint=receiver.grpc_endpoint, insecure=True))
+        return (
+            OTLPSpanExporter(endpoint=receiver.grpc_endpoint, insecure=True),
+            OTLPMetricExporter(endpoint=receiver.grpc_endpoint, insecure=True),
+        )
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return (OTLPSpanExporter(endpoint=f"{receiver.http_endpoint}/v1/traces"),
-            OTLPMetricExporter(endpoint=f"{receiver.http_endpoint}/v1/metrics"))
+    return (
+        OTLPSpanExporter(endpoint=f"{receiver.http_endpoint}/v1/traces"),
+        OTLPMetricExporter(endpoint=f"{receiver.http_endpoint}/v1/metrics"),
+    )
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
@@ -38,12 +42,22 @@ def test_exemplar_ids_match_the_received_span(protocol: str, otlp_receiver: OTLP
     reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=3_600_000)
     meter_provider = MeterProvider(metric_readers=[reader])
     try:
-        telemetry = Telemetry("vllm", tracer_provider.get_tracer("tests.core.otlp"),
-                              meter_provider.get_meter("tests.core.otlp"), RolloutConfig())
+        telemetry = Telemetry(
+            "vllm",
+            tracer_provider.get_tracer("tests.core.otlp"),
+            meter_provider.get_meter("tests.core.otlp"),
+            RolloutConfig(),
+        )
         model = f"otlp-{protocol}"
         for i in range(3):  # several requests: each exemplar must point at its own span
-            telemetry.emit(make_record(model, request_id=f"{protocol}-{i}", output_tokens=3 + i,
-                                       finish_ns=make_record(model).arrival_ns + (i + 1) * 10**9))
+            telemetry.emit(
+                make_record(
+                    model,
+                    request_id=f"{protocol}-{i}",
+                    output_tokens=3 + i,
+                    finish_ns=make_record(model).arrival_ns + (i + 1) * 10**9,
+                )
+            )
         assert telemetry.flush(10.0)  # our background emitter first, as sdk.force_flush does
         assert tracer_provider.force_flush(10_000)
         assert meter_provider.force_flush(10_000)
@@ -68,11 +82,15 @@ def test_exemplar_ids_match_the_received_span(protocol: str, otlp_receiver: OTLP
         span = by_span_id[exemplar.span_id]  # bytes on the wire == the received span's bytes
         assert exemplar.trace_id == span.trace_id
         assert exemplar.as_double == pytest.approx(
-            (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9)
+            (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
+        )
 
     (tokens,) = [m for m in received_metrics if m.name == "gen_ai.client.token.usage"]
-    output = [p for p in tokens.histogram.data_points
-              if attr(p.attributes, "gen_ai.token.type") == "output"]
+    output = [
+        p
+        for p in tokens.histogram.data_points
+        if attr(p.attributes, "gen_ai.token.type") == "output"
+    ]
     (out_point,) = output
     assert out_point.exemplars
     for exemplar in out_point.exemplars:

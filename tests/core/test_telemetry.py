@@ -76,12 +76,20 @@ def test_attributes_names_and_types(otel, make_telemetry, model) -> None:
     assert attrs == expected
     # The SDK stores sequences as tuples; the semconv type is string[] (a list, not one string).
     assert isinstance(attrs["gen_ai.response.finish_reasons"], tuple)
-    for key in ("gen_ai.request.max_tokens", "gen_ai.request.choice.count",
-                "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens",
-                "rollout.usage.cached_tokens"):
+    for key in (
+        "gen_ai.request.max_tokens",
+        "gen_ai.request.choice.count",
+        "gen_ai.usage.input_tokens",
+        "gen_ai.usage.output_tokens",
+        "rollout.usage.cached_tokens",
+    ):
         assert type(attrs[key]) is int, key
-    for key in ("gen_ai.request.temperature", "gen_ai.request.top_p",
-                "rollout.request.queue_time", "rollout.request.time_to_first_token"):
+    for key in (
+        "gen_ai.request.temperature",
+        "gen_ai.request.top_p",
+        "rollout.request.queue_time",
+        "rollout.request.time_to_first_token",
+    ):
         assert type(attrs[key]) is float, key
     assert "error.type" not in attrs
     assert "gen_ai.input.messages" not in attrs and "gen_ai.output.messages" not in attrs
@@ -97,18 +105,28 @@ def test_multiple_choices_keep_every_finish_reason(otel, make_telemetry, model) 
 
 def test_metrics_values_and_bounded_labels(otel, make_telemetry, model) -> None:
     make_telemetry().emit(make_record(model))
-    base = {"gen_ai.provider.name": "vllm", "gen_ai.request.model": model,
-            "gen_ai.operation.name": "text_completion", "rollout.finish_reason": "length"}
+    base = {
+        "gen_ai.provider.name": "vllm",
+        "gen_ai.request.model": model,
+        "gen_ai.operation.name": "text_completion",
+        "rollout.finish_reason": "length",
+    }
 
-    expected = {GENAI: 2.75, "gen_ai.server.time_to_first_token": 0.75,
-                "gen_ai.server.time_per_output_token": 0.25, "rollout.request.queue_time": 0.25}
+    expected = {
+        GENAI: 2.75,
+        "gen_ai.server.time_to_first_token": 0.75,
+        "gen_ai.server.time_per_output_token": 0.25,
+        "rollout.request.queue_time": 0.25,
+    }
     for name, value in expected.items():
         (point,) = _points(otel, name, model)
         assert point.attributes == base, name
         assert point.count == 1, name
         assert point.sum == pytest.approx(value, abs=1e-9), name
-    tokens = {p.attributes["gen_ai.token.type"]: p for p in
-              _points(otel, "gen_ai.client.token.usage", model)}
+    tokens = {
+        p.attributes["gen_ai.token.type"]: p
+        for p in _points(otel, "gen_ai.client.token.usage", model)
+    }
     assert set(tokens) == {"input", "output"}
     assert (tokens["input"].count, tokens["input"].sum) == (1, 17)
     assert (tokens["output"].count, tokens["output"].sum) == (1, 9)
@@ -121,12 +139,15 @@ def test_single_token_has_no_time_per_output_token(otel, make_telemetry, model) 
     assert len(_points(otel, GENAI, model)) == 1
 
 
-@pytest.mark.parametrize("error, finish, type_name", [
-    (ValueError("engine said no"), "error", "ValueError"),
-    (StreamClosedEarly("closed"), "abort", "StreamClosedEarly"),
-    (asyncio.CancelledError(), "abort", "CancelledError"),
-    (GeneratorExit(), "abort", "GeneratorExit"),
-])
+@pytest.mark.parametrize(
+    "error, finish, type_name",
+    [
+        (ValueError("engine said no"), "error", "ValueError"),
+        (StreamClosedEarly("closed"), "abort", "StreamClosedEarly"),
+        (asyncio.CancelledError(), "abort", "CancelledError"),
+        (GeneratorExit(), "abort", "GeneratorExit"),
+    ],
+)
 def test_error_path(otel, make_telemetry, model, error, finish, type_name) -> None:
     make_telemetry().emit(make_record(model, error=error, finish_reasons=()))
     (span,) = _request_spans(otel, model)
@@ -140,8 +161,9 @@ def test_error_path(otel, make_telemetry, model, error, finish, type_name) -> No
 
 
 def test_error_wins_over_engine_finish_reason(otel, make_telemetry, model) -> None:
-    make_telemetry().emit(make_record(model, error=RuntimeError("x" * 1000),
-                                      finish_reasons=("length",)))
+    make_telemetry().emit(
+        make_record(model, error=RuntimeError("x" * 1000), finish_reasons=("length",))
+    )
     (span,) = _request_spans(otel, model)
     assert span.status.description == "RuntimeError: " + "x" * 256  # message kept short
     (point,) = _points(otel, GENAI, model)
@@ -158,19 +180,30 @@ def test_exemplars_carry_the_request_spans_ids(otel, make_telemetry, model) -> N
     ids = {(s.context.trace_id, s.context.span_id) for s in spans}
     # One collection for all instruments: the SDK hands out a reservoir's exemplars once per
     # collection, so a second metric_points() call would see none.
-    points = [(name, p) for (name, _), p in otel._points().items()
-              if p.attributes.get("gen_ai.request.model") == model]
+    points = [
+        (name, p)
+        for (name, _), p in otel._points().items()
+        if p.attributes.get("gen_ai.request.model") == model
+    ]
     exemplars: dict[str, list[Any]] = {}
     for name, p in points:
         exemplars.setdefault(name, []).extend(p.exemplars)
-    for name in (GENAI, "gen_ai.server.time_to_first_token", "gen_ai.server.time_per_output_token",
-                 "rollout.request.queue_time", "gen_ai.client.token.usage"):
+    for name in (
+        GENAI,
+        "gen_ai.server.time_to_first_token",
+        "gen_ai.server.time_per_output_token",
+        "rollout.request.queue_time",
+        "gen_ai.client.token.usage",
+    ):
         assert exemplars.get(name), name
         assert {(e.trace_id, e.span_id) for e in exemplars[name]} <= ids, name
     # Each exemplar's value belongs to the span it points at.
     by_span = {s.context.span_id: s for s in spans}
-    (output,) = [p for name, p in points if name == "gen_ai.client.token.usage"
-                 and p.attributes["gen_ai.token.type"] == "output"]
+    (output,) = [
+        p
+        for name, p in points
+        if name == "gen_ai.client.token.usage" and p.attributes["gen_ai.token.type"] == "output"
+    ]
     assert output.exemplars
     for e in output.exemplars:
         assert e.value == by_span[e.span_id].attributes["gen_ai.usage.output_tokens"]
@@ -194,13 +227,19 @@ def test_parent_context_is_used(otel, make_telemetry, model) -> None:
 def test_in_flight_accounting(otel, make_telemetry, model) -> None:
     telemetry = make_telemetry()
     telemetry.requests_started(model, "text_completion", 5)
-    (point,) = [p for p in otel.metric_points("rollout.requests.active")
-                if p.attributes["gen_ai.request.model"] == model]
+    (point,) = [
+        p
+        for p in otel.metric_points("rollout.requests.active")
+        if p.attributes["gen_ai.request.model"] == model
+    ]
     assert point.value == 5
     assert telemetry._engines[model].active == 5
     telemetry.requests_ended(model, "text_completion", 5)
-    assert [p for p in otel.metric_points("rollout.requests.active")
-            if p.attributes["gen_ai.request.model"] == model] == []
+    assert [
+        p
+        for p in otel.metric_points("rollout.requests.active")
+        if p.attributes["gen_ai.request.model"] == model
+    ] == []
     assert telemetry._engines[model].active == 0
 
 
@@ -229,12 +268,22 @@ def test_content_capture_is_off_by_default(otel, make_telemetry, model) -> None:
 
 @pytest.mark.parametrize("value", ["true", "True", "1", "SPAN_ONLY"])
 def test_content_capture_on_and_truncated(otel, make_telemetry, model, value) -> None:
-    config = load_config({"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": value,
-                          "OTEL_ROLLOUT_CONTENT_MAX_LENGTH": "13"})
+    config = load_config(
+        {
+            "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": value,
+            "OTEL_ROLLOUT_CONTENT_MAX_LENGTH": "13",
+        }
+    )
     assert config.capture_content is True and config.content_max_length == 13
-    make_telemetry(config).emit(make_record(model, prompt_text=PROMPT,
-                                            completion_texts=(ANSWER, "short"),
-                                            finish_reasons=("length", "stop"), n=2))
+    make_telemetry(config).emit(
+        make_record(
+            model,
+            prompt_text=PROMPT,
+            completion_texts=(ANSWER, "short"),
+            finish_reasons=("length", "stop"),
+            n=2,
+        )
+    )
     attrs = _content(otel, model)
     inputs = json.loads(attrs["gen_ai.input.messages"])
     outputs = json.loads(attrs["gen_ai.output.messages"])
@@ -249,9 +298,15 @@ def test_content_capture_keeps_every_completion(otel, make_telemetry, model) -> 
     """n=2 where one choice never finished (stream closed early): the vLLM adapter drops None
     finish reasons, so finish_reasons is shorter than completion_texts."""
     config = load_config({"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true"})
-    make_telemetry(config).emit(make_record(model, prompt_text=PROMPT, n=2,
-                                            completion_texts=(ANSWER, "second"),
-                                            finish_reasons=("length",)))
+    make_telemetry(config).emit(
+        make_record(
+            model,
+            prompt_text=PROMPT,
+            n=2,
+            completion_texts=(ANSWER, "second"),
+            finish_reasons=("length",),
+        )
+    )
     outputs = json.loads(_content(otel, model)["gen_ai.output.messages"])
     assert [o["parts"][0]["content"] for o in outputs] == [ANSWER, "second"]
 
@@ -273,6 +328,7 @@ def test_content_capture_explicit_off(otel, make_telemetry, model) -> None:
 
 # --- our own failures stay ours --------------------------------------------------------------
 
+
 class _BrokenHistogram:
     """FAULT INJECTION: an instrument whose record() always raises."""
 
@@ -280,8 +336,9 @@ class _BrokenHistogram:
         raise RuntimeError("injected histogram failure")
 
 
-def test_broken_instrument_is_logged_once_and_not_raised(otel, make_telemetry, model,
-                                                         caplog) -> None:
+def test_broken_instrument_is_logged_once_and_not_raised(
+    otel, make_telemetry, model, caplog
+) -> None:
     telemetry = make_telemetry()
     telemetry.duration = _BrokenHistogram()  # FAULT INJECTION
     with caplog.at_level("WARNING", logger="otel_rollout"):
@@ -310,9 +367,11 @@ def test_engines_and_reinstrumenting_keep_their_observable_counters(otel) -> Non
     assert again is vllm
     vllm.requests_started("m-busy", "text_completion")
     sglang.requests_started("m-busy", "text_completion")
-    providers = {p.attributes["gen_ai.provider.name"]
-                 for p in otel.metric_points("rollout.engine.busy_time")
-                 if p.attributes["gen_ai.request.model"] == "m-busy"}
+    providers = {
+        p.attributes["gen_ai.provider.name"]
+        for p in otel.metric_points("rollout.engine.busy_time")
+        if p.attributes["gen_ai.request.model"] == "m-busy"
+    }
     assert providers == {"vllm", "sglang"}
     vllm.requests_ended("m-busy", "text_completion")
     sglang.requests_ended("m-busy", "text_completion")

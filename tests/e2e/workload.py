@@ -24,8 +24,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--linger", action="store_true", help="wait for stdin to close")
-    parser.add_argument("--engine-stats", action="store_true",
-                        help="LLM(disable_log_stats=False): exact engine timings incl. queue time")
+    parser.add_argument(
+        "--engine-stats",
+        action="store_true",
+        help="LLM(disable_log_stats=False): exact engine timings incl. queue time",
+    )
     args = parser.parse_args()
     vllm_environment()
     import vllm
@@ -35,11 +38,20 @@ def main() -> None:
         lengths = long_tail_lengths(args.batch, seed=step, high=160)
         params = [vllm.SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
         with rollout_step(step):
-            outputs = llm.generate([f"step {step} prompt {i}" for i in range(len(lengths))],
-                                   params, use_tqdm=False)
+            outputs = llm.generate(
+                [f"step {step} prompt {i}" for i in range(len(lengths))], params, use_tqdm=False
+            )
         for out in outputs:
-            print(json.dumps({"step": step, "request_id": out.request_id,
-                              "output_tokens": len(out.outputs[0].token_ids)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "step": step,
+                        "request_id": out.request_id,
+                        "output_tokens": len(out.outputs[0].token_ids),
+                    }
+                ),
+                flush=True,
+            )
     force_flush()  # ours: the background emitter, then the SDK's providers
     print("DONE", flush=True)
     if args.linger:

@@ -268,6 +268,7 @@ def test_slowest_requests_table_lists_request_spans_only(dashboards: dict[str, d
         with telemetry.batch("tiny", "text_completion", 2) as ctx:
             telemetry.emit(make_record("tiny", request_id="r1"), ctx)
             telemetry.emit(make_record("tiny", request_id="r2", error=RuntimeError("boom")), ctx)
+    telemetry.flush()  # request spans are made on the background emitter
     spans = exporter.get_finished_spans()
     assert {s.name for s in spans} == {"rollout.step", "rollout.batch", "text_completion tiny"}
 

@@ -81,8 +81,9 @@ def fresh_log(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def _batch(vllm_module: Any, tag: str) -> tuple[list[str], list[Any]]:
     prompts = [f"{tag} prompt {i}" for i in range(5)]
-    params = [vllm_module.SamplingParams(max_tokens=6, temperature=1.0, seed=100 + i)
-              for i in range(5)]
+    params = [
+        vllm_module.SamplingParams(max_tokens=6, temperature=1.0, seed=100 + i) for i in range(5)
+    ]
     return prompts, params
 
 
@@ -91,8 +92,13 @@ def _tokens(outputs: Any) -> list[list[int]]:
 
 
 def _failures(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name.startswith("otel_rollout")
-            and r.levelno >= logging.WARNING and "telemetry failed" in r.getMessage()]
+    return [
+        r
+        for r in caplog.records
+        if r.name.startswith("otel_rollout")
+        and r.levelno >= logging.WARNING
+        and "telemetry failed" in r.getMessage()
+    ]
 
 
 def _two_batches_equal_reference(llm: Any, vllm_module: Any) -> None:
@@ -107,12 +113,18 @@ def _two_batches_equal_reference(llm: Any, vllm_module: Any) -> None:
 
 
 @pytest.mark.parametrize("instrument", ["duration", "tokens", "active"])
-def test_broken_instrument_offline(instrument: str, otel: OTelHarness, llm: Any,
-                                   vllm_module: Any, fresh_log: Any,
-                                   monkeypatch: pytest.MonkeyPatch,
-                                   caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(fresh_log, _TARGET.get(instrument, instrument),
-                        _FaultyInstrument(instrument))  # FAULT INJECTION
+def test_broken_instrument_offline(
+    instrument: str,
+    otel: OTelHarness,
+    llm: Any,
+    vllm_module: Any,
+    fresh_log: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(
+        fresh_log, _TARGET.get(instrument, instrument), _FaultyInstrument(instrument)
+    )  # FAULT INJECTION
     with caplog.at_level(logging.WARNING):
         _two_batches_equal_reference(llm, vllm_module)
     failures = _failures(caplog)
@@ -128,10 +140,15 @@ def test_broken_instrument_offline(instrument: str, otel: OTelHarness, llm: Any,
     assert sum(p.count for p in otel.metric_points("gen_ai.server.request.duration")) == 5
 
 
-def test_broken_instrument_async(otel: OTelHarness, async_engine: Any, vllm_module: Any,
-                                 aloop: asyncio.AbstractEventLoop, fresh_log: Any,
-                                 monkeypatch: pytest.MonkeyPatch,
-                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_broken_instrument_async(
+    otel: OTelHarness,
+    async_engine: Any,
+    vllm_module: Any,
+    aloop: asyncio.AbstractEventLoop,
+    fresh_log: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     monkeypatch.setattr(fresh_log, "duration", _FaultyInstrument("duration"))  # FAULT INJECTION
 
     async def collect(rid: str, i: int) -> list[int]:
@@ -157,9 +174,15 @@ def test_broken_instrument_async(otel: OTelHarness, async_engine: Any, vllm_modu
 
 
 @pytest.mark.parametrize("mode", ["end", "start"])
-def test_broken_span_processor_offline(mode: str, otel: OTelHarness, llm: Any, vllm_module: Any,
-                                       faulty_processor: _FaultySpanProcessor, fresh_log: Any,
-                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_broken_span_processor_offline(
+    mode: str,
+    otel: OTelHarness,
+    llm: Any,
+    vllm_module: Any,
+    faulty_processor: _FaultySpanProcessor,
+    fresh_log: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     faulty_processor.mode = mode  # FAULT INJECTION
     counts = []
     try:
@@ -181,10 +204,16 @@ def test_broken_span_processor_offline(mode: str, otel: OTelHarness, llm: Any, v
 
 
 @pytest.mark.parametrize("mode", ["start", "end"])
-def test_broken_span_processor_async(mode: str, otel: OTelHarness, async_engine: Any,
-                                     vllm_module: Any, aloop: asyncio.AbstractEventLoop,
-                                     faulty_processor: _FaultySpanProcessor, fresh_log: Any,
-                                     caplog: pytest.LogCaptureFixture) -> None:
+def test_broken_span_processor_async(
+    mode: str,
+    otel: OTelHarness,
+    async_engine: Any,
+    vllm_module: Any,
+    aloop: asyncio.AbstractEventLoop,
+    faulty_processor: _FaultySpanProcessor,
+    fresh_log: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async def collect(rid: str) -> list[int]:
         params = vllm_module.SamplingParams(max_tokens=5, temperature=1.0, seed=7)
         tokens: list[int] = []
@@ -212,8 +241,13 @@ def test_broken_span_processor_async(mode: str, otel: OTelHarness, async_engine:
 
 
 def test_a_renamed_engine_field_in_the_step_loop_costs_timing_not_the_generate(
-        llm: Any, vllm_module: Any, otel: OTelHarness, fresh_log: Any,
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    llm: Any,
+    vllm_module: Any,
+    otel: OTelHarness,
+    fresh_log: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """FAULT INJECTION: our read of ``EngineCoreOutput`` inside vLLM's step loop meets a renamed
     field (as a future vLLM could rename it): generate is unchanged, one warning, and the spans
     fall back from engine-step timing to what was observed at the call's boundary."""

@@ -20,11 +20,26 @@ def standin_outputs(n: int) -> list[Any]:
     outputs = []
     for i in range(n):
         tokens = 1 + i % 16
-        choice = CompletionOutput(index=0, text="x" * tokens, token_ids=list(range(tokens)),
-                                  cumulative_logprob=None, logprobs=None, finish_reason="length")
-        outputs.append(RequestOutput(request_id=str(i), prompt=None, prompt_token_ids=[1, 2, 3],
-                                     prompt_logprobs=None, outputs=[choice], finished=True,
-                                     metrics=None, num_cached_tokens=0))
+        choice = CompletionOutput(
+            index=0,
+            text="x" * tokens,
+            token_ids=list(range(tokens)),
+            cumulative_logprob=None,
+            logprobs=None,
+            finish_reason="length",
+        )
+        outputs.append(
+            RequestOutput(
+                request_id=str(i),
+                prompt=None,
+                prompt_token_ids=[1, 2, 3],
+                prompt_logprobs=None,
+                outputs=[choice],
+                finished=True,
+                metrics=None,
+                num_cached_tokens=0,
+            )
+        )
     return outputs
 
 
@@ -42,8 +57,7 @@ def main() -> None:
     params = vllm.SamplingParams(max_tokens=2, ignore_eos=True)
     if args.prompts:
         llm = vllm.LLM(model=args.model, **VLLM_KWARGS)
-        outputs = llm.generate([f"prompt {i}" for i in range(args.prompts)], params,
-                               use_tqdm=False)
+        outputs = llm.generate([f"prompt {i}" for i in range(args.prompts)], params, use_tqdm=False)
     else:
         import wrapt
 
@@ -56,16 +70,19 @@ def main() -> None:
             class llm_engine:
                 log_stats = False
 
-            model_config = type("ModelConfig", (), {"served_model_name": "standin",
-                                                    "model": "standin"})()
+            model_config = type(
+                "ModelConfig", (), {"served_model_name": "standin", "model": "standin"}
+            )()
 
-            def generate(self, prompts: Any, sampling_params: Any = None, *,
-                         use_tqdm: bool = True) -> Any:
+            def generate(
+                self, prompts: Any, sampling_params: Any = None, *, use_tqdm: bool = True
+            ) -> Any:
                 return outputs
 
         # The telemetry opentelemetry-instrument's VLLMInstrumentor made (bound exit included).
-        wrapt.wrap_function_wrapper(StandIn, "generate",
-                                    adapter.offline_wrapper(step_emitter(), "text_completion"))
+        wrapt.wrap_function_wrapper(
+            StandIn, "generate", adapter.offline_wrapper(step_emitter(), "text_completion")
+        )
         outputs = StandIn().generate([str(i) for i in range(args.standin)], params)
     print(f"DONE {len(outputs)} {time.time():.6f}", flush=True)
 

@@ -32,16 +32,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("queue", [262_144, 0], ids=["background", "inline"])
-def test_every_record_of_a_10k_generate_arrives(queue: int, otel: OTelHarness, llm: Any,
-                                                vllm_module: Any,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_record_of_a_10k_generate_arrives(
+    queue: int, otel: OTelHarness, llm: Any, vllm_module: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     telemetry = vllm_telemetry()
-    monkeypatch.setattr(telemetry, "config", dataclasses.replace(telemetry.config,
-                                                                 emit_queue=queue))
+    monkeypatch.setattr(
+        telemetry, "config", dataclasses.replace(telemetry.config, emit_queue=queue)
+    )
     params = vllm_module.SamplingParams(max_tokens=2, ignore_eos=True)
     with rollout_step(1) as step:
-        outputs = llm.generate([f"emitter {queue} prompt {i}" for i in range(10_000)], params,
-                               use_tqdm=False)
+        outputs = llm.generate(
+            [f"emitter {queue} prompt {i}" for i in range(10_000)], params, use_tqdm=False
+        )
     assert len(outputs) == 10_000
     # The step had every record and its ids when it ended, whether or not spans existed yet.
     assert step.stats is not None and step.stats.requests == 10_000
@@ -51,8 +53,11 @@ def test_every_record_of_a_10k_generate_arrives(queue: int, otel: OTelHarness, l
     assert {s.attributes["gen_ai.response.id"] for s in spans} == {o.request_id for o in outputs}
     durations = otel.metric_points("gen_ai.server.request.duration")
     assert sum(p.count for p in durations) == 10_000
-    output_tokens = [p for p in otel.metric_points("gen_ai.client.token.usage")
-                     if p.attributes["gen_ai.token.type"] == "output"]
+    output_tokens = [
+        p
+        for p in otel.metric_points("gen_ai.client.token.usage")
+        if p.attributes["gen_ai.token.type"] == "output"
+    ]
     assert sum(p.sum for p in output_tokens) == 20_000
     by_id = {s.context.span_id: s for s in spans}
     exemplars = [e for p in durations for e in p.exemplars]
@@ -64,17 +69,35 @@ def test_every_record_of_a_10k_generate_arrives(queue: int, otel: OTelHarness, l
     assert stragglers <= {format(s.context.span_id, "016x") for s in spans}
 
 
-def _run_job(receiver: OTLPReceiver, *args: str, timeout: float) -> tuple[subprocess.CompletedProcess[str], float]:
+def _run_job(
+    receiver: OTLPReceiver, *args: str, timeout: float
+) -> tuple[subprocess.CompletedProcess[str], float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update(VLLM_ENV)
     # The SDK's defaults otherwise: BatchSpanProcessor queue 2,048, batch 512, 5 s delay.
-    env.update(PYTHONPATH=str(REPO), OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="otlp",
-               OTEL_LOGS_EXPORTER="none", OTEL_SERVICE_NAME="no-loss",
-               OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint)
-    command = [str(Path(sys.executable).parent / "opentelemetry-instrument"), sys.executable,
-               str(REPO / "tests" / "vllm" / "burst_job.py"), *args]
-    proc = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    env.update(
+        PYTHONPATH=str(REPO),
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_METRICS_EXPORTER="otlp",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_SERVICE_NAME="no-loss",
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint,
+    )
+    command = [
+        str(Path(sys.executable).parent / "opentelemetry-instrument"),
+        sys.executable,
+        str(REPO / "tests" / "vllm" / "burst_job.py"),
+        *args,
+    ]
+    proc = subprocess.run(
+        command,
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     ended = time.time()
     assert proc.returncode == 0, proc.stderr[-4000:]
     (done,) = [line for line in proc.stdout.splitlines() if line.startswith("DONE")]
@@ -95,15 +118,16 @@ def _assert_all_arrived(receiver: OTLPReceiver, count: int, proc: Any) -> None:
 
 
 def test_8192_prompt_generate_under_opentelemetry_instrument_loses_nothing(
-        otlp_receiver: OTLPReceiver, tiny_model: str, vllm_module: Any) -> None:
-    proc, exit_s = _run_job(otlp_receiver, "--model", tiny_model, "--prompts", "8192",
-                            timeout=600)
+    otlp_receiver: OTLPReceiver, tiny_model: str, vllm_module: Any
+) -> None:
+    proc, exit_s = _run_job(otlp_receiver, "--model", tiny_model, "--prompts", "8192", timeout=600)
     _assert_all_arrived(otlp_receiver, 8192, proc)
     print(f"8,192 prompts: exit took {exit_s:.1f} s after generate returned")
 
 
 def test_81920_requests_under_opentelemetry_instrument_lose_nothing(
-        otlp_receiver: OTLPReceiver, vllm_module: Any) -> None:
+    otlp_receiver: OTLPReceiver, vllm_module: Any
+) -> None:
     proc, exit_s = _run_job(otlp_receiver, "--standin", "81920", timeout=900)
     _assert_all_arrived(otlp_receiver, 81920, proc)
     print(f"81,920 requests: exit took {exit_s:.1f} s after generate returned")
