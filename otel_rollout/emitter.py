@@ -64,7 +64,7 @@ since a slow but working exporter is what pacing is for; a dead one costs this o
 emitter runs on without pacing until that drain returns."""
 
 
-class _Pacer:
+class Pacer:
     """Runs the provider's drain on a helper thread; the emitter waits for it, within bounds."""
 
     def __init__(self, drain: Callable[[], object], wait_s: float) -> None:
@@ -150,7 +150,7 @@ class Emitter:
         self._processed = 0
         self._since_pace = 0
         self._pacer = (
-            None if self._drain_provider is None else _Pacer(self._drain_provider, PACE_WAIT_S)
+            None if self._drain_provider is None else Pacer(self._drain_provider, PACE_WAIT_S)
         )
         self._thread: threading.Thread | None = None
 

@@ -34,7 +34,7 @@ from otel_rollout.config import (
     load_config,
 )
 from otel_rollout.context import current_step, step_number
-from otel_rollout.emitter import Emitter
+from otel_rollout.emitter import PACE_WAIT_S, Emitter, Pacer
 from otel_rollout.guard import LogOnce
 from otel_rollout.semconv import (
     BATCH_SPAN_NAME,
@@ -286,6 +286,7 @@ class Telemetry:
         self._engines_lock = threading.Lock()
         self._request_tracer, self._preset = _preset_tracer(tracer)
         self._emitter: Emitter | None = None
+        self._inline_pacer: Pacer | None = None
         self._emitter_lock = threading.Lock()
         self._label_sets: dict[
             tuple[str, str, str | None, str | None],
@@ -436,10 +437,18 @@ class Telemetry:
     def _emit_inline(self, records: Sequence[RequestRecord], parent: Context) -> None:
         """``OTEL_ROLLOUT_EMIT_QUEUE=0`` (or a tracer whose ids cannot be preset): as it happens."""
         step = current_step(parent)
-        for record in records:
+        every = _pace_every()
+        for done, record in enumerate(records, 1):
             self._emit(record, parent, self.tracer, None)
             if step is not None:
                 step.observe(record)
+            if done % every == 0:
+                # Synchronous emission paces on the caller's path, as the emitter does off it: a
+                # burst larger than the span queue must not be dropped either way. Bounded: a
+                # stuck exporter holds the caller for one PACE_WAIT_S, then is not waited on again.
+                if self._inline_pacer is None:
+                    self._inline_pacer = Pacer(self._drain_spans, PACE_WAIT_S)
+                self._inline_pacer.pace()
 
     def _assign_ids(self, records: Sequence[RequestRecord], parent: Context) -> None:
         """The ids the SDK would draw at ``start_span``, drawn now from the same generator."""
