@@ -33,7 +33,9 @@ def smoke(with_engine: bool) -> int:
     """Everything engine-free in this one process (one vLLM import), export children fake."""
     import _common as C
     import bench_cost
+    import bench_exit
     import bench_export
+    import bench_http
     import bench_memory
     import bench_scale
 
@@ -44,6 +46,8 @@ def smoke(with_engine: bool) -> int:
         ("scale", lambda: bench_scale.run(True)),
         ("memory", lambda: bench_memory.run(True)),
         ("export", lambda: bench_export.run(True)),
+        ("http", lambda: bench_http.run(True)),
+        ("exit", lambda: bench_exit.run(True)),
     ]
     for name, fn in steps:
         start = time.monotonic()

@@ -8,9 +8,11 @@ the same problems into a non-zero exit, so CI or a launcher can refuse a bad con
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
@@ -165,6 +167,7 @@ class RolloutConfig:
     emit_queue: int = 262_144
     report_dir: str | None = None
     step_log: str | None = None
+    http_paths: tuple[str, ...] = ("/v1/completions", "/v1/chat/completions", "/generate")
     capture_content: bool = False
     problems: tuple[Problem, ...] = field(default=(), compare=False)
 
@@ -270,6 +273,13 @@ def _path(raw: str) -> str:
     if "\x00" in raw:
         raise ConfigError("contains a NUL byte")
     return os.path.expanduser(raw)
+
+
+def _paths(raw: str) -> tuple[str, ...]:
+    parts = tuple(p.strip() for p in raw.split(","))
+    if any(not p.startswith("/") for p in parts):
+        raise ConfigError("expected comma-separated URL paths, each starting with /")
+    return parts
 
 
 def _render_buckets(values: tuple[float, ...]) -> str:
@@ -390,6 +400,15 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "`otel-rollout report` renders it.",
         _render_opt,
     ),
+    Setting(
+        "OTEL_ROLLOUT_HTTP_PATHS",
+        "http_paths",
+        _paths,
+        "URL path endings of engine requests that HTTP clients (httpx: the `openai` client, "
+        "slime) send inside a step: they get the step's context as headers, and their "
+        "responses are counted in the step (timing source `client`).",
+        ",".join,
+    ),
 )
 
 
@@ -425,20 +444,45 @@ def load_config(environ: Mapping[str, str] | None = None, *, warn: bool = True) 
 
 
 def _writable(path: str, *, directory: bool) -> str | None:
-    """Why nothing could be written at ``path`` (a file, or a directory to create), else None."""
+    """Why nothing could be written at ``path`` (a file, or a directory to create), else None.
+
+    Probes for real — creates what the run would create, then removes what the probe made — since
+    ``os.access`` answers yes to root for paths where nothing can be created (``/proc/x/...``),
+    and root is the usual user in RL containers. An existing step log is opened for appending
+    (as the run will), never truncated.
+    """
     target = os.path.abspath(path)
-    if os.path.exists(target):
-        if directory != os.path.isdir(target):
-            return "is a directory" if not directory else "is not a directory"
-        probe = target if directory else os.path.dirname(target)
-        if not os.access(target if not directory else probe, os.W_OK):
-            return "is not writable"
-        return None
-    parent = os.path.dirname(target)
-    while parent and not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-        return f"cannot be created: {parent or '/'} is not a writable directory"
+    if os.path.exists(target) and directory != os.path.isdir(target):
+        return "is a directory" if not directory else "is not a directory"
+    made: list[str] = []  # what the probe created, removed again in reverse order
+    folder = target if directory else os.path.dirname(target)
+    try:
+        missing = folder
+        while missing and not os.path.exists(missing):
+            made.insert(0, missing)
+            missing = os.path.dirname(missing)
+        if missing and not os.path.isdir(missing):
+            return f"cannot be created: {missing} is not a directory"
+        for new_dir in made:
+            os.mkdir(new_dir)
+        if directory:
+            fd, probe = tempfile.mkstemp(prefix=".otel-rollout-probe-", dir=target)
+            os.close(fd)
+            os.unlink(probe)
+        elif os.path.exists(target):
+            with open(target, "a", encoding="utf-8"):
+                pass
+        else:
+            with open(target, "x", encoding="utf-8"):
+                pass
+            made.append(target)
+    except OSError as exc:
+        where = "cannot be created" if made else "is not writable"
+        return f"{where}: {exc.strerror or exc}"
+    finally:
+        for created in reversed(made):
+            with contextlib.suppress(OSError):
+                (os.rmdir if os.path.isdir(created) else os.unlink)(created)
     return None
 
 

@@ -46,8 +46,9 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger(__name__)
 
-Sink = Callable[[Sequence["RequestRecord"], "Context"], None]
-"""Makes the spans and metric points of some records under one parent (runs on the emitter thread)."""
+Sink = Callable[[Sequence["RequestRecord"], "Context", bool], None]
+"""Makes the metric points of some records under one parent, and their spans when the flag is
+true (runs on the emitter thread; at a bounded exit the flag goes false, see :func:`drain_all`)."""
 
 _CHUNK = 256
 """Records emitted between two progress updates (what flushers and the exit wait observe)."""
@@ -62,6 +63,19 @@ PACE_WAIT_S = 5.0
 """How long the emitter waits for one drain of the tracer provider before it goes on: generous,
 since a slow but working exporter is what pacing is for; a dead one costs this once, then the
 emitter runs on without pacing until that drain returns."""
+
+
+_THREAD = threading.local()
+
+
+def in_emitter_thread() -> bool:
+    """Whether this thread is one of ours (an emitter, or a pacer draining the provider for one).
+
+    A provider's ``force_flush`` first waits for the emitters (see
+    :func:`otel_rollout.sdk.drain_before_provider_flush`); called from our own threads that wait
+    would be on ourselves, so there it does not wait.
+    """
+    return getattr(_THREAD, "ours", False)
 
 
 class Pacer:
@@ -86,6 +100,15 @@ class Pacer:
         threading.Thread(target=self._run, name="otel_rollout-pace", daemon=True).start()
         return self._done.wait(self._wait_s)
 
+    @property
+    def busy(self) -> bool:
+        """A drain is in the exporter now."""
+        return self._busy
+
+    def release(self) -> None:
+        """Stop waiting for the drain in progress (it goes on; no new one starts while it does)."""
+        self._done.set()
+
     def stuck(self, after_s: float) -> bool:
         """A drain has been waiting on the exporter for longer than ``after_s`` — or longer than
         ``NEVER_ANSWERED_S`` if no drain ever returned (collector down since the start)."""
@@ -93,6 +116,7 @@ class Pacer:
         return self._busy and time.monotonic() - self._since > limit
 
     def _run(self) -> None:
+        _THREAD.ours = True
         try:
             self._drain()
         except Exception:  # the exporter's failure; the SDK logged it
@@ -126,6 +150,10 @@ class Emitter:
         self._on_error = on_error
         self.dropped = 0
         """Records refused because the queue was full (since this process started it)."""
+        self.spans = True
+        """Whether records still become spans; metric points are made either way."""
+        self.spans_skipped = 0
+        """Records emitted as metric points only (a bounded exit gave their spans up)."""
         self._reset()
         _LIVE.add(self)
 
@@ -220,7 +248,10 @@ class Emitter:
             self._waiters += 1
             try:
                 while self._processed < target:
-                    if self._processed != seen:
+                    pacer = self._pacer
+                    if self._processed != seen or (self.spans and pacer and pacer.busy):
+                        # records emitted, or a drain of the exporter under way (a slow exporter
+                        # answering is progress; one that is stuck is ``give_up``'s to judge)
                         seen = self._processed
                         deadline = time.monotonic() + stall_s
                     left = deadline - time.monotonic()
@@ -231,12 +262,23 @@ class Emitter:
                 self._waiters -= 1
         return True
 
+    def metrics_only(self) -> None:
+        """From now on, records become metric points only: no spans, no waiting on the exporter.
+
+        A bounded exit gives spans up, never counts: metric points cost CPU only, so the rest of
+        the queue is recorded in a fraction of a second whatever the span exporter is doing.
+        """
+        self.spans = False
+        if self._pacer is not None:
+            self._pacer.release()
+
     def _alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
     # --- the emitter thread ----------------------------------------------------------------
 
     def _run(self) -> None:
+        _THREAD.ours = True
         queue, wake = self._queue, self._wake
         while True:
             if not queue:
@@ -251,8 +293,11 @@ class Emitter:
             for start in range(0, len(records), _CHUNK):
                 chunk = records[start : start + _CHUNK]
                 try:
+                    spans = self.spans
                     with self._work_lock:
-                        self._sink(chunk, parent)
+                        self._sink(chunk, parent, spans)
+                    if not spans:
+                        self.spans_skipped += len(chunk)
                 except Exception as exc:  # the thread must outlive any failure of ours
                     if self._on_error is not None:
                         self._on_error(exc)
@@ -265,7 +310,7 @@ class Emitter:
 
     def _after(self, count: int) -> None:
         self._since_pace += count
-        if self._pacer is not None and self._since_pace >= self._pace_every:
+        if self._pacer is not None and self.spans and self._since_pace >= self._pace_every:
             self._since_pace = 0
             self._pacer.pace()
         self._processed += count  # only this thread writes it
@@ -280,6 +325,7 @@ _LIVE: weakref.WeakSet[Emitter] = weakref.WeakSet()
 _EXIT_REGISTERED = threading.Lock()
 _exit_state: list[bool] = []
 _exit_drained_elsewhere: list[bool] = []
+_exit_state_draining: list[bool] = []
 
 
 def drain_at_exit_elsewhere() -> None:
@@ -296,27 +342,63 @@ def flush_all(timeout_s: float) -> bool:
     return ok
 
 
-def drain_all(stall_s: float) -> bool:
-    """Exit: emit everything queued while progress is made (see :meth:`Emitter.drain`).
+def exiting() -> bool:
+    """Whether the process is in its exit drain (a provider's shutdown then does not wait again)."""
+    return bool(_exit_state_draining)
 
-    Gives up as soon as one drain of the span exporter has taken longer than ``stall_s``, or
-    ``NEVER_ANSWERED_S`` for an exporter that never answered (:func:`exporter_stuck`): what would
-    still be emitted could not be exported in time anyway.
+
+def exporter_timeout_s() -> float:
+    """How long the OTLP span exporter itself waits for one export (``OTEL_EXPORTER_OTLP_*TIMEOUT``,
+    seconds, 10 by default): a drain that took longer is stuck by the exporter's own measure."""
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"):
+        try:
+            return max(0.0, float(os.environ[name]))
+        except (KeyError, ValueError):
+            continue
+    return 10.0
+
+
+def drain_all(stall_s: float) -> bool:
+    """Exit: emit everything queued; counts always, spans while the exporter takes them.
+
+    Spans are waited for while progress is made — records emitted, or a drain of the span
+    exporter under way — and given up when no progress came for ``stall_s``
+    (``OTEL_ROLLOUT_EXIT_TIMEOUT``) or the exporter is stuck: one drain longer than the
+    exporter's own timeout (:func:`exporter_timeout_s`), or ``NEVER_ANSWERED_S`` for one that never
+    answered (collector down since the start). Then the rest of the queue becomes metric points
+    only (:meth:`Emitter.metrics_only`): a bounded exit drops spans, never counts.
     """
-    ok = True
-    for emitter in list(_LIVE):
-        if emitter.pending:
-            ok = emitter.drain(stall_s, lambda: exporter_stuck(stall_s)) and ok
-    if not ok:
-        left = sum(e.pending for e in list(_LIVE))
+    _exit_state_draining.append(True)
+    live = [e for e in list(_LIVE) if e.pending]
+    stuck_s = max(stall_s, exporter_timeout_s())
+    spans_ok = True
+    for emitter in live:
+        spans_ok = emitter.drain(stall_s, lambda: exporter_stuck(stuck_s)) and spans_ok
+    if spans_ok:
+        return True
+    before = sum(e.spans_skipped for e in live)
+    for emitter in live:
+        emitter.metrics_only()
+    counts_ok = True
+    for emitter in live:
+        counts_ok = emitter.drain(stall_s) and counts_ok
+    skipped = sum(e.spans_skipped for e in live) - before
+    if counts_ok:
         _logger.warning(
-            "otel_rollout: %d request record(s) were not emitted at exit: the span "
-            "exporter did not answer, or the emitter made no progress for %.1f s "
-            "(OTEL_ROLLOUT_EXIT_TIMEOUT); they are dropped so the process can end",
-            left,
+            "otel_rollout: %d request span(s) were not made at exit: the span exporter "
+            "did not take them (stuck, or no progress for %.1f s: OTEL_ROLLOUT_EXIT_TIMEOUT); "
+            "their metric points were recorded, so counts are complete",
+            skipped,
             stall_s,
         )
-    return ok
+    else:
+        _logger.warning(
+            "otel_rollout: %d request record(s) were not emitted at exit, spans and metric "
+            "points alike: the emitter made no progress for %.1f s (OTEL_ROLLOUT_EXIT_TIMEOUT)",
+            sum(e.pending for e in live),
+            stall_s,
+        )
+    return False
 
 
 def exporter_stuck(after_s: float) -> bool:

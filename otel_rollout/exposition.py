@@ -251,7 +251,11 @@ class OpenMetricsExemplarReader(MetricReader):
                 yield info
             for sm in rm.scope_metrics:
                 for metric in sm.metrics:
-                    family = self._family(metric)
+                    try:
+                        family = self._family(metric)
+                    except Exception:  # one metric we cannot render must not empty the scrape
+                        self._refuse(metric.name, "rendering failed", exc_info=True)
+                        continue
                     if family is not None:
                         yield family
 

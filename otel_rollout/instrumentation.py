@@ -22,6 +22,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwrap
+from packaging.version import InvalidVersion, Version
 
 from otel_rollout.config import load_config
 from otel_rollout.guard import PROCESS, LogOnce
@@ -63,14 +64,17 @@ def module_version(name: str) -> str | None:
     return str(getattr(module, "__version__", "unknown"))
 
 
-def version_tuple(version: str) -> tuple[int, ...]:
-    parts: list[int] = []
-    for piece in version.split("+")[0].split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
+def version_tuple(version: str) -> tuple[int, ...] | None:
+    """The release numbers of ``version`` as pip reads them (PEP 440), ``None`` if it is not one.
+
+    ``0.32.0rc1``, ``0.32.0.post1``, ``0.32.0.dev3`` and ``0.32.0+cpu`` are all release
+    ``(0, 32, 0)``: a pre-release or a local build of the tested release is that release, not a
+    newer one. A version pip cannot read (``dev``, a git describe string) gives ``None``.
+    """
+    try:
+        return Version(version).release
+    except InvalidVersion:
+        return None
 
 
 def should_observe() -> bool:
@@ -158,7 +162,6 @@ class LibraryInstrumentor(BaseInstrumentor):
         return PROCESS
 
     def _instrument(self, **kwargs: Any) -> None:
-        log = self._prepare(**kwargs)
         self._patched: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         # Hooks registered with wrapt cannot be removed: each checks that it belongs to the
@@ -169,11 +172,12 @@ class LibraryInstrumentor(BaseInstrumentor):
                 found = importlib.util.find_spec(self.engine_module) is not None
             except (ImportError, ValueError):
                 found = False
-            if not found:
+            if not found:  # nothing set up, nothing registered: steps do not come out under it
                 _logger.debug(
                     "otel_rollout: %s is not installed; nothing to instrument", self.engine_module
                 )
                 return
+        log = self._prepare(**kwargs)
         wrapt.register_post_import_hook(
             lambda _module: self._engine_imported(log, generation), self.engine_module
         )
@@ -187,7 +191,16 @@ class LibraryInstrumentor(BaseInstrumentor):
             version = module_version(self.engine_module)
             if version is None:
                 return
-            if version_tuple(version) < self.min_version and version not in ("dev", "unknown"):
+            release = version_tuple(version)
+            if release is None:
+                log.warn(
+                    f"{self.engine_name} unreadable version",
+                    "otel_rollout: %s reports version %r, which is not a PEP 440 version; "
+                    "it is instrumented as if it were supported, unchecked",
+                    self.engine_name,
+                    version,
+                )
+            elif release < self.min_version:
                 _logger.warning(
                     "otel_rollout: %s %s is older than the supported %s; %s is not instrumented",
                     self.engine_name,
@@ -197,7 +210,7 @@ class LibraryInstrumentor(BaseInstrumentor):
                 )
                 return
             tested = self.max_tested
-            if tested and version_tuple(version)[: len(tested)] > tested:
+            if tested and release is not None and release[: len(tested)] > tested:
                 log.warn(
                     f"{self.engine_name} untested version",
                     "otel_rollout: %s %s is newer than the newest tested (%s); it is "

@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+import wrapt
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
@@ -68,7 +69,7 @@ def _shutdown_within(timeout_s: float) -> None:
     emitter.drain_all(timeout_s)
     # A drain of the span exporter is already stuck (collector down or hanging): the final
     # export would wait on the same exporter, so exit does not wait for it at all.
-    stuck = emitter.exporter_stuck(timeout_s)
+    stuck = emitter.exporter_stuck(max(timeout_s, emitter.exporter_timeout_s()))
     candidates: tuple[Any, ...] = (trace.get_tracer_provider(), metrics.get_meter_provider())
     providers = [
         p
@@ -87,27 +88,75 @@ def _shutdown_within(timeout_s: float) -> None:
             atexit.unregister(handler)
             provider._atexit_handler = None
 
-    def work() -> None:
-        for provider in providers:
-            try:
-                provider.shutdown()
-            except Exception:  # exit must go on whatever the exporter does
-                _logger.debug("otel_rollout: provider shutdown failed at exit", exc_info=True)
+    def shut(provider: Any) -> None:
+        try:
+            provider.shutdown()
+        except Exception:  # exit must go on whatever the exporter does
+            _logger.debug("otel_rollout: provider shutdown failed at exit", exc_info=True)
 
-    worker = threading.Thread(target=work, name="otel_rollout-exit", daemon=True)
-    worker.start()  # even when stuck: shutting the exporters down ends their retries
-    worker.join(0.0 if stuck else timeout_s)
+    # One thread per provider, all started (shutting an exporter down ends its retries): the
+    # meter provider's final export is waited for even when the span exporter is stuck, so the
+    # counts recorded at exit leave the process; a stuck span exporter is not waited for at all.
+    deadline = time.monotonic() + timeout_s
+    late = []
+    for provider in providers:
+        worker = threading.Thread(
+            target=shut, args=(provider,), name="otel_rollout-exit", daemon=True
+        )
+        worker.start()
+        spans = provider is candidates[0]
+        worker.join(0.0 if stuck and spans else max(0.0, deadline - time.monotonic()))
+        if worker.is_alive() and not (stuck and spans):
+            late.append(provider)
     if stuck:
         _logger.warning(
-            "otel_rollout: the span exporter did not answer; telemetry still buffered "
-            "at exit is dropped so the process can end"
+            "otel_rollout: the span exporter did not answer; spans still buffered "
+            "at exit are dropped so the process can end"
         )
-    elif worker.is_alive():
+    if late:
         _logger.warning(
             "otel_rollout: telemetry export did not finish within %.1f s of exit "
             "(OTEL_ROLLOUT_EXIT_TIMEOUT); the rest is dropped so the process can end",
             timeout_s,
         )
+
+
+@functools.lru_cache(maxsize=1)
+def drain_before_provider_flush() -> None:
+    """Make the SDK providers' own ``force_flush()`` and ``shutdown()`` deliver our records.
+
+    Request records wait in our background emitter after ``generate()`` returns; standard OTel
+    code then calls ``tracer_provider.force_flush()`` (tests with ``InMemorySpanExporter``,
+    shutdown paths, other libraries) and must find every span of the calls that already
+    returned. No public hook runs before a provider's flush: a span processor is flushed in the
+    order it was added (after the user's exporter), and a ``MeterProvider`` takes no reader after
+    it was made. So this is the seam: ``force_flush`` and ``shutdown`` of the SDK's
+    ``TracerProvider`` and ``MeterProvider`` first wait (within their own timeout) until every
+    emitter has emitted what it was given, then do what they always did. Once per process, when
+    the first emitter starts. Our own threads (pacing drains the provider) and the bounded exit
+    (which has drained already) skip the wait.
+    """
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    for owner in (TracerProvider, MeterProvider):
+        for method in ("force_flush", "shutdown"):
+            wrapt.wrap_function_wrapper(owner, method, _drain_first)
+
+
+def _drain_first(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if emitter.in_emitter_thread() or emitter.exiting():
+        return wrapped(*args, **kwargs)
+    timeout_ms = kwargs.get("timeout_millis", args[0] if args else 30_000)
+    started = time.monotonic()
+    try:
+        emitter.flush_all(max(0.0, float(timeout_ms) / 1000))
+    except Exception:  # our failure must not stop the provider's own flush
+        _logger.debug("otel_rollout: emitter flush before provider flush failed", exc_info=True)
+    if args or "timeout_millis" in kwargs:
+        left = max(0.0, float(timeout_ms) - (time.monotonic() - started) * 1000)
+        kwargs = {**kwargs, "timeout_millis": left}
+        args = ()
+    return wrapped(*args, **kwargs)
 
 
 def sdk_configured() -> bool:

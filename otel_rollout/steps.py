@@ -35,7 +35,7 @@ from otel_rollout import reports
 from otel_rollout.analysis import StepStats, analyze
 from otel_rollout.config import RolloutConfig, load_config
 from otel_rollout.context import current_step, step_number, with_step
-from otel_rollout.telemetry import Telemetry, step_emitter
+from otel_rollout.telemetry import StepTelemetry, Telemetry, step_emitter
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -106,13 +106,16 @@ class StepScope:
         step: int | None = None,
         *,
         config: RolloutConfig | None = None,
-        telemetry: Telemetry | None = None,
+        telemetry: Telemetry | StepTelemetry | None = None,
         **attributes: Any,
     ) -> None:
         self.step = step
         self.attributes = attributes
         self._config = config
-        self._telemetry = telemetry
+        self._given = telemetry
+        self._telemetry: StepTelemetry | None = (
+            telemetry.steps if isinstance(telemetry, Telemetry) else telemetry
+        )
         self._records: list[RequestRecord] = []
         self._lock = threading.Lock()
         self._token: object | None = None
@@ -161,11 +164,15 @@ class StepScope:
         telemetry = self._telemetry or step_emitter()
         missing = 0
         for channel in self._channels:
+            closed = False
             with telemetry.log.guard("step channel"):
                 remote = channel.close(self, config.step_wait)
                 if remote is not None:
                     self._records.extend(remote.records)
                     missing += remote.missing_calls
+                closed = True
+            if not closed:  # what the channel held is unknown: the step is partial, not complete
+                missing += 1
         self._channels = []
         self.partial = missing > 0
         with self._lock:
@@ -207,7 +214,9 @@ class StepScope:
                 if template._numbering is None:
                     template._numbering = itertools.count(1)
                 step = next(template._numbering)
-            return StepScope(step, config=template._config, **template.attributes)
+            return StepScope(
+                step, config=template._config, telemetry=template._given, **template.attributes
+            )
 
         if inspect.iscoroutinefunction(func):
 

@@ -36,6 +36,7 @@ from otel_rollout.config import (
 from otel_rollout.context import current_step, step_number
 from otel_rollout.emitter import PACE_WAIT_S, Emitter, Pacer
 from otel_rollout.guard import LogOnce
+from otel_rollout.sdk import drain_before_provider_flush
 from otel_rollout.semconv import (
     BATCH_SPAN_NAME,
     EVENT_FIRST_TOKEN,
@@ -86,6 +87,8 @@ if TYPE_CHECKING:
 
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
 _FRACTION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+_NO_SPAN = otel_context.Context()
+"""The context of points whose span was given up at exit: no exemplar names a span that never was."""
 _COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
 
 
@@ -275,12 +278,16 @@ class Telemetry:
         config: RolloutConfig,
         tracer_provider: Any = None,
         scope: str | None = None,
+        meter_provider: Any = None,
     ) -> None:
         self.provider = provider
         self.tracer = tracer
         self.config = config
         self.log = LogOnce()
         self._tracer_provider = tracer_provider
+        self._meter_provider = meter_provider
+        self._meter = meter
+        self._own_steps: StepTelemetry | None = None
         self._scope = scope
         self._engines: dict[str, EngineActivity] = {}
         self._engines_lock = threading.Lock()
@@ -330,7 +337,19 @@ class Telemetry:
             "the background emitter's queue was full (OTEL_ROLLOUT_EMIT_QUEUE).",
         )
         _observers(meter).members.add(self)
-        self.step_instruments = StepInstruments(meter, config)
+
+    @property
+    def steps(self) -> StepTelemetry:
+        """Where the steps of this engine's calls go: the job's step scope on the same providers.
+
+        A Telemetry made directly from a tracer and a meter (no providers known) gives its steps
+        that same tracer and meter: what the caller handed over is where telemetry goes.
+        """
+        if self._scope is None:
+            if self._own_steps is None:
+                self._own_steps = StepTelemetry(self.tracer, self._meter, self.config)
+            return self._own_steps
+        return step_telemetry(self._tracer_provider, self._meter_provider)
 
     # --- in-flight --------------------------------------------------------------------------
 
@@ -463,6 +482,9 @@ class Telemetry:
     def _start_emitter(self) -> Emitter:
         with self._emitter_lock:
             if self._emitter is None:
+                # a provider's own force_flush()/shutdown() must see what the emitter holds
+                with self.log.guard("provider flush hook"):
+                    drain_before_provider_flush()
                 self._emitter = Emitter(
                     self._emit_background,
                     self.config.emit_queue,
@@ -474,7 +496,9 @@ class Telemetry:
                 )
             return self._emitter
 
-    def _emit_background(self, records: Sequence[RequestRecord], parent: Context) -> None:
+    def _emit_background(
+        self, records: Sequence[RequestRecord], parent: Context, spans: bool = True
+    ) -> None:
         tracer, preset, guard = (
             self._request_tracer,
             self._preset,
@@ -482,7 +506,10 @@ class Telemetry:
         )
         for record in records:
             with guard:  # one record's failure does not cost the others their telemetry
-                self._emit(record, parent, tracer, preset)
+                if spans:
+                    self._emit(record, parent, tracer, preset)
+                else:
+                    self._record_points(record, _NO_SPAN)
 
     def _drain_spans(self) -> None:
         """Let the tracer provider export what it holds (on the emitter's thread).
@@ -539,12 +566,14 @@ class Telemetry:
         if record.first_token_ns is not None:
             span.add_event(EVENT_FIRST_TOKEN, timestamp=record.first_token_ns)
         if record.error is not None:
-            span.set_status(Status(StatusCode.ERROR, _describe(record.error)))
+            _mark_error(span, record.error)
         span.end(end_time=record.finish_ns)
         span_context = span.get_span_context()
         record.trace_id, record.span_id = span_context.trace_id, span_context.span_id
+        self._record_points(record, trace.set_span_in_context(span, parent))
 
-        ctx = trace.set_span_in_context(span, parent)
+    def _record_points(self, record: RequestRecord, ctx: Context) -> None:
+        """A request's metric points, in ``ctx`` (its span's: exemplars name it)."""
         attrs, inputs, outputs = self._metric_attributes(record)
         self.duration.record(record.duration_s, attrs, context=ctx)
         if (ttft := record.ttft_s) is not None:
@@ -581,52 +610,6 @@ class Telemetry:
             if len(self._label_sets) < 4096:  # bounded even if error types are not
                 self._label_sets[key] = cached
         return cached
-
-    # --- steps ----------------------------------------------------------------------------------
-
-    def start_step(self, step: int | None, attributes: Mapping[str, Any]) -> trace.Span:
-        """The step span, started now in the current context; extra keys get the step prefix."""
-        attrs = {
-            k if k.startswith("rollout.") else ROLLOUT_STEP_ATTRIBUTE_PREFIX + k: v
-            for k, v in attributes.items()
-        }
-        if step is not None:
-            attrs[ROLLOUT_STEP] = step
-        return self.tracer.start_span(STEP_SPAN_NAME, kind=SpanKind.INTERNAL, attributes=attrs)
-
-    def finish_step(
-        self,
-        span: trace.Span,
-        requests: int,
-        stats: StepStats | None,
-        error: BaseException | None,
-        first: RequestRecord | None,
-        missing_calls: int = 0,
-    ) -> None:
-        """Put a step's analysis on its span and into the step metrics, then end the span.
-
-        ``first`` is one of the step's requests: its provider and model label the step's points.
-        ``missing_calls`` remote calls never reported: the step is marked partial, and its
-        figures are over the ``requests`` that are known.
-        """
-        try:
-            with self.log.guard("step telemetry"):
-                if error is not None:
-                    span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
-                    span.set_attribute(error_attributes.ERROR_TYPE, type(error).__qualname__)
-                span.set_attribute(STEP_REQUESTS, requests)
-                if missing_calls:
-                    span.set_attributes({STEP_PARTIAL: True, STEP_MISSING_CALLS: missing_calls})
-                if stats is not None and first is not None:
-                    span.set_attributes(step_span_attributes(stats))
-                    self.step_instruments.record(
-                        stats,
-                        self._engine_attributes(first.model, first.provider),
-                        trace.set_span_in_context(span),
-                    )
-        finally:
-            with self.log.guard("step span"):
-                span.end()
 
     def _span_attributes(self, record: RequestRecord, parent: Context | None) -> dict[str, Any]:
         attrs: dict[str, Any] = {
@@ -691,7 +674,9 @@ def _describe(error: BaseException) -> str:
 
 
 def _mark_error(span: trace.Span, error: BaseException) -> None:
-    span.set_status(Status(StatusCode.ERROR, str(error)[:256]))
+    """How request, batch and step spans all say they failed: ERROR status described as
+    ``Type: message`` (message cut to 256 characters), and ``error.type``."""
+    span.set_status(Status(StatusCode.ERROR, _describe(error)))
     span.set_attribute(error_attributes.ERROR_TYPE, type(error).__qualname__)
 
 
@@ -790,11 +775,81 @@ class StepInstruments:
             self.output_tokens.record(tokens, {**attrs, ROLLOUT_STATISTIC: stat}, context=ctx)
 
 
+class StepTelemetry:
+    """Step spans and the ``rollout.step.*`` histograms, under scope ``otel_rollout.steps``.
+
+    A step belongs to the job, not to an engine: its scope names otel_rollout's step machinery
+    whichever engines (if any) served its requests. One per pair of providers
+    (:func:`step_telemetry`); its histograms are created on its first finished step.
+    """
+
+    def __init__(self, tracer: Tracer, meter: Meter, config: RolloutConfig) -> None:
+        self.tracer = tracer
+        self.meter = meter
+        self.config = config
+        self.log = LogOnce()
+        self._instruments: StepInstruments | None = None
+
+    @property
+    def step_instruments(self) -> StepInstruments:
+        if self._instruments is None:
+            self._instruments = StepInstruments(self.meter, self.config)
+        return self._instruments
+
+    def start_step(self, step: int | None, attributes: Mapping[str, Any]) -> trace.Span:
+        """The step span, started now in the current context; extra keys get the step prefix."""
+        attrs = {
+            k if k.startswith("rollout.") else ROLLOUT_STEP_ATTRIBUTE_PREFIX + k: v
+            for k, v in attributes.items()
+        }
+        if step is not None:
+            attrs[ROLLOUT_STEP] = step
+        return self.tracer.start_span(STEP_SPAN_NAME, kind=SpanKind.INTERNAL, attributes=attrs)
+
+    def finish_step(
+        self,
+        span: trace.Span,
+        requests: int,
+        stats: StepStats | None,
+        error: BaseException | None,
+        first: RequestRecord | None,
+        missing_calls: int = 0,
+    ) -> None:
+        """Put a step's analysis on its span and into the step metrics, then end the span.
+
+        ``first`` is one of the step's requests: its provider and model label the step's points.
+        ``missing_calls`` remote calls never reported: the step is marked partial, and its
+        figures are over the ``requests`` that are known.
+        """
+        try:
+            with self.log.guard("step telemetry"):
+                if error is not None:
+                    _mark_error(span, error)
+                span.set_attribute(STEP_REQUESTS, requests)
+                if missing_calls:
+                    span.set_attributes({STEP_PARTIAL: True, STEP_MISSING_CALLS: missing_calls})
+                if stats is not None and first is not None:
+                    span.set_attributes(step_span_attributes(stats))
+                    self.step_instruments.record(
+                        stats,
+                        {
+                            GenAI.GEN_AI_PROVIDER_NAME: first.provider,
+                            GenAI.GEN_AI_REQUEST_MODEL: first.model,
+                        },
+                        trace.set_span_in_context(span),
+                    )
+        finally:
+            with self.log.guard("step span"):
+                span.end()
+
+
 # --- which emitter steps use -----------------------------------------------------------------
 
+STEP_SCOPE = "otel_rollout.steps"
 _EMITTERS: list[Telemetry] = []
 _EMITTERS_LOCK = threading.Lock()
-_DEFAULT: list[Telemetry] = []
+_STEPS: list[tuple[Any, Any, StepTelemetry]] = []
+"""One StepTelemetry per (tracer provider, meter provider) pair; ``None`` = the global ones."""
 
 
 def create_telemetry(
@@ -822,11 +877,12 @@ def create_telemetry(
         config or load_config(),
         tracer_provider=tracer_provider,
         scope=scope,
+        meter_provider=meter_provider,
     )
 
 
 def register(telemetry: Telemetry) -> None:
-    """Make ``telemetry`` the emitter of steps (the most recently instrumented engine's wins)."""
+    """An instrumented engine: steps go to its providers (the most recently instrumented's)."""
     with _EMITTERS_LOCK:
         if telemetry in _EMITTERS:
             _EMITTERS.remove(telemetry)
@@ -839,15 +895,28 @@ def unregister(telemetry: Telemetry) -> None:
             _EMITTERS.remove(telemetry)
 
 
-def step_emitter() -> Telemetry:
-    """The emitter for step spans: an instrumentor's, else one on the global providers.
-
-    Steps work without any instrumentor (``rollout_step`` around work in another process still
-    gives the step span); they then use the global providers, as any OTel API user would.
-    """
+def step_telemetry(tracer_provider: Any = None, meter_provider: Any = None) -> StepTelemetry:
+    """The job's step telemetry on these providers (the global ones when ``None``)."""
     with _EMITTERS_LOCK:
-        if _EMITTERS:
-            return _EMITTERS[-1]
-        if not _DEFAULT:
-            _DEFAULT.append(create_telemetry("rollout", config=load_config(warn=False)))
-        return _DEFAULT[0]
+        for tp, mp, steps in _STEPS:
+            if tp is tracer_provider and mp is meter_provider:
+                return steps
+        tracer = trace.get_tracer(
+            STEP_SCOPE, __version__, tracer_provider=tracer_provider, schema_url=SCHEMA_URL
+        )
+        meter = metrics.get_meter(
+            STEP_SCOPE, __version__, meter_provider=meter_provider, schema_url=SCHEMA_URL
+        )
+        steps = StepTelemetry(tracer, meter, load_config(warn=False))
+        _STEPS.append((tracer_provider, meter_provider, steps))
+        return steps
+
+
+def step_emitter() -> StepTelemetry:
+    """Where steps go: the providers of the most recently instrumented engine, else the global
+    ones (``rollout_step`` works without any instrumentor, as any OTel API user would)."""
+    with _EMITTERS_LOCK:
+        latest = _EMITTERS[-1] if _EMITTERS else None
+    if latest is not None:
+        return latest.steps
+    return step_telemetry()

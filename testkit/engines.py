@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from otel_rollout.telemetry import Telemetry
+
 
 VLLM_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -46,3 +50,16 @@ def shutdown_async_llm(engine: Any) -> None:
         for sock in list(getattr(ctx, "_sockets", None) or ()):
             if not sock.closed:
                 sock.close(linger=0)
+
+
+def vllm_telemetry() -> Telemetry:
+    """The Telemetry the current vLLM instrumentation writes to (held by its wrappers)."""
+    from vllm.entrypoints.llm import LLM
+
+    from otel_rollout.telemetry import Telemetry
+
+    wrapper = LLM.__dict__["generate"]._self_wrapper
+    for cell in wrapper.__closure__ or ():
+        if isinstance(cell.cell_contents, Telemetry):
+            return cell.cell_contents
+    raise AssertionError("vLLM is not instrumented")

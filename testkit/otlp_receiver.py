@@ -18,7 +18,10 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 
 class OTLPReceiver:
-    def __init__(self) -> None:
+    """``trace_delay_s``: answer each trace export that much later (a slow but working collector)."""
+
+    def __init__(self, trace_delay_s: float = 0.0) -> None:
+        self.trace_delay_s = trace_delay_s
         self.trace_requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
         self.metric_requests: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
         self.raw: list[bytes] = []
@@ -27,6 +30,7 @@ class OTLPReceiver:
 
         class Traces(trace_service_pb2_grpc.TraceServiceServicer):
             def Export(self, request: Any, context: Any) -> Any:
+                time.sleep(receiver.trace_delay_s)
                 receiver._add(request, request.SerializeToString())
                 return trace_service_pb2.ExportTraceServiceResponse()
 

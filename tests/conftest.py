@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,23 +16,33 @@ from typing import Any
 import pytest
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from testkit.engines import VLLM_KWARGS, vllm_environment
 from testkit.otlp_receiver import OTLPReceiver
+from testkit.processes import become_subreaper, descendant_pids, end_new, reap_zombies
 
 REPO = Path(__file__).resolve().parent.parent
 
-_DELTA = {
-    kind: AggregationTemporality.DELTA
-    for kind in (
-        __import__("opentelemetry.sdk.metrics", fromlist=["Histogram"]).Histogram,
-        __import__("opentelemetry.sdk.metrics", fromlist=["Counter"]).Counter,
-        __import__("opentelemetry.sdk.metrics", fromlist=["UpDownCounter"]).UpDownCounter,
-    )
-}
+
+_AT_START: set[int] = set()
+
+
+def pytest_configure(config: Any) -> None:
+    """Orphans of what the tests start (Ray workers of a finished job) stay ours to end."""
+    become_subreaper()
+    _AT_START.update(descendant_pids())
+
+
+def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
+    """Nothing of the suite is left running: whatever survived its test is ended, and named."""
+    killed = end_new(_AT_START, grace_s=5.0)
+    reap_zombies()
+    if killed:
+        print(f"\n[tests] ended {len(killed)} process(es) left running: {killed}", file=sys.stderr)
 
 
 class OTelHarness:
@@ -160,3 +171,33 @@ def tiny_model() -> str:
         text=True,
     )
     return out.stdout.strip().splitlines()[-1]
+
+
+# --- vLLM: shared by every suite that runs it (vllm, steps, e2e, reliability, compat) ----------
+
+
+@pytest.fixture(scope="session")
+def vllm_module() -> Any:
+    vllm_environment()
+    return require_module("vllm")
+
+
+@pytest.fixture(scope="session")
+def instrumented(otel_session: OTelHarness, vllm_module: Any) -> Iterator[Any]:
+    from otel_rollout import VLLMInstrumentor
+
+    instrumentor = VLLMInstrumentor()
+    instrumentor.instrument()
+    yield instrumentor
+    instrumentor.uninstrument()
+
+
+@pytest.fixture(scope="session")
+def llm(vllm_module: Any, tiny_model: str, instrumented: Any) -> Any:
+    """A plain LLM(): engine stats off, as vLLM defaults."""
+    return vllm_module.LLM(model=tiny_model, **VLLM_KWARGS)
+
+
+@pytest.fixture(scope="session")
+def llm_stats(vllm_module: Any, tiny_model: str, instrumented: Any) -> Any:
+    return vllm_module.LLM(model=tiny_model, disable_log_stats=False, **VLLM_KWARGS)

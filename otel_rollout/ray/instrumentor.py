@@ -19,8 +19,13 @@ inventing one:
   set-up hook (:func:`otel_rollout.ray.setup_worker`), so workers on every node are configured and
   instrumented as the driver is.
 
-Tasks (``@ray.remote`` functions) are not covered: Ray gives them no such parameter when its
-tracing is off. Pass ``otel_context=inject_context()`` to a ``@receives_context`` function there.
+Tasks (``@ray.remote`` functions) get the same parameter from us: Ray gives a task one only when
+its tracing is on, in ``_inject_tracing_into_function``, called once per function before it is
+exported. Wrapping that call, the function Ray exports takes ``_ray_trace_ctx`` (a parameter of
+our own in its signature) and continues the caller's context and step as actor methods do; on
+the caller's side the carrier is added where Ray flattens a call's arguments against that
+signature (``ray._common.signature.flatten_args``), recognised by our parameter object, so actor
+calls and Ray's own tasks are left alone. Generator and ``async`` functions are left to Ray.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from otel_rollout.instrumentation import LibraryInstrumentor, Target
 from otel_rollout.propagation import inject_context
 from otel_rollout.ray.steps import (
     CALL_ID,
+    LOCAL,
     RayStepChannel,
     call_started,
     remote_call,
@@ -135,13 +141,96 @@ def _continuing(method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+class _ContextParameter(inspect.Parameter):
+    """The context parameter of a task we wrapped, told apart from Ray's own by its type (which
+    survives pickling: a task function passed to a worker is still recognised there)."""
+
+    __slots__ = ()
+
+
+_SIGNATURE = "__signature__"
+
+
+def function_wrapper(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """``_inject_tracing_into_function(fn)`` (Ray's, once per task function): after Ray, make the
+    function take ``_ray_trace_ctx`` and continue the caller, whether Ray's tracing is on or off."""
+    result = wrapped(*args, **kwargs)
+    with _log.guard("ray task function"):
+        return _continuing_task(result)
+    return result
+
+
+def _continuing_task(function: Callable[..., Any]) -> Callable[..., Any]:
+    if (
+        getattr(function, _MARK, False)
+        or inspect.isgeneratorfunction(function)
+        or inspect.iscoroutinefunction(function)
+        or inspect.isasyncgenfunction(function)
+    ):
+        return function
+    signature = inspect.signature(function)
+    params = [p for p in signature.parameters.values() if p.name != CTX_KWARG]
+    at = next(
+        (i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params)
+    )
+    params.insert(at, _ContextParameter(CTX_KWARG, inspect.Parameter.KEYWORD_ONLY, default=None))
+
+    @functools.wraps(function)
+    def task_call(*args: Any, _ray_trace_ctx: Any = None, **kwargs: Any) -> Any:
+        if not _ray_trace_ctx:
+            return function(*args, **kwargs)
+        with remote_call(_ray_trace_ctx):
+            return function(*args, **kwargs)
+
+    setattr(task_call, _SIGNATURE, signature.replace(parameters=params))
+    setattr(task_call, _MARK, True)
+    return task_call
+
+
+def task_args_wrapper(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """``flatten_args(signature, args, kwargs)``: a call of a task we wrapped gets the carrier."""
+    with _log.guard("ray task call"):
+        args = _task_with_context(args)
+    return wrapped(*args, **kwargs)
+
+
+def _task_with_context(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    if len(args) != 3:
+        return args
+    signature, call_args, call_kwargs = args
+    if not any(isinstance(p, _ContextParameter) for p in signature or ()):
+        return args
+    if not _worth_propagating():
+        return args
+    call_kwargs = dict(call_kwargs or {})
+    carrier = call_kwargs.get(CTX_KWARG)
+    carrier = inject_context() if carrier is None else dict(carrier)
+    call_id = call_started()
+    if call_id is not None:
+        carrier[CALL_ID] = call_id
+    call_kwargs[CTX_KWARG] = carrier
+    return signature, call_args, call_kwargs
+
+
 def init_wrapper(
     wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    """``ray.init``: give the job's workers the driver's telemetry settings and set-up hook."""
+    """``ray.init``: give the job's workers the driver's telemetry settings and set-up hook.
+
+    The job's step collector is started here too, not at the first step: its worker process
+    takes seconds to start on a busy node, and started with the first step it would hold that
+    step's end (its reports queue to it) — here its start overlaps the job's own set-up.
+    """
     with _log.guard("ray.init runtime_env"):
         kwargs = {**kwargs, "runtime_env": _job_runtime_env(kwargs.get("runtime_env"))}
-    return wrapped(*args, **kwargs)
+    result = wrapped(*args, **kwargs)
+    with _log.guard("ray step collector"):
+        LOCAL.handle(create=True)
+    return result
 
 
 def _job_runtime_env(given: Any) -> Any:
@@ -178,6 +267,8 @@ class RayInstrumentor(LibraryInstrumentor):
             Target("ray.actor", "ActorHandle._actor_method_call", actor_call_wrapper),
             Target("ray.actor", "_inject_tracing_into_class", class_wrapper),
             Target("ray._private.function_manager", "_inject_tracing_into_class", class_wrapper),
+            Target("ray.remote_function", "_inject_tracing_into_function", function_wrapper),
+            Target("ray._common.signature", "flatten_args", task_args_wrapper),
             Target("ray", "init", init_wrapper),
         ]
 

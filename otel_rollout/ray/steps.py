@@ -89,6 +89,10 @@ class StepCollector:
 
 
 SPAN_FLUSH_TIMEOUT_MS = 1000
+COLLECTOR_START_S = 60.0
+"""How long a step's end waits for the job's collector to answer the first time: the actor is
+started with the job's first step (a worker process of its own, seconds on a busy node), and the
+reports of that step are queued to it, so its start is waited for rather than read as lost calls."""
 FLUSH_INTERVAL_S = 0.02
 """How often an actor process sends what its finished calls collected: one report for many calls."""
 
@@ -103,6 +107,8 @@ class _Local:
         self._wake = threading.Event()
         self._ids = itertools.count()
         self._flusher: threading.Thread | None = None
+        self.collector_job: str | None = None
+        self.collector_answered = False
 
     def call_finished(self, key: str, call_id: str) -> None:
         """A call served here ended: its records go out with the next report (batched)."""
@@ -154,15 +160,24 @@ class _Local:
             return self.pending.pop(key, None) or _Pending()
 
     def handle(self, create: bool = False) -> Any:
-        if self.collector is None:
-            import ray
+        import ray
 
-            options: dict[str, Any] = {"name": COLLECTOR_NAME, "namespace": COLLECTOR_NAMESPACE}
+        # One per job: drivers sharing a cluster (and the namespace) each get their own, owned by
+        # their driver, so one job's exit does not take another's reports with it; a process
+        # that shuts Ray down and starts a new job gets the new job's.
+        job = ray.get_runtime_context().get_job_id()
+        if self.collector is None or self.collector_job != job:
+            options: dict[str, Any] = {
+                "name": f"{COLLECTOR_NAME}_{job}",
+                "namespace": COLLECTOR_NAMESPACE,
+            }
             if create:
                 remote = ray.remote(num_cpus=0, max_concurrency=64)(StepCollector)
                 self.collector = remote.options(get_if_exists=True, **options).remote()
             else:
                 self.collector = ray.get_actor(**options)
+            self.collector_job = job
+            self.collector_answered = False
         return self.collector
 
 
@@ -222,7 +237,9 @@ class RayStepChannel:
         records: list[RequestRecord] = list(own.records)
         deadline = time.monotonic() + wait_s
         while True:
-            got, started, finished = ray.get(collector.drain.remote(key), timeout=max(1.0, wait_s))
+            answer = max(1.0, wait_s) if LOCAL.collector_answered else COLLECTOR_START_S
+            got, started, finished = ray.get(collector.drain.remote(key), timeout=answer)
+            LOCAL.collector_answered = True
             records.extend(got)
             missing = len((own.started | started) - finished)
             if not missing or time.monotonic() >= deadline:

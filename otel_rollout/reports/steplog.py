@@ -49,6 +49,7 @@ def step_entry(
             "finish_reason": record.finish_reason,
             "request_id": record.request_id,
             "model": record.model,
+            "timing_source": record.timing_source,
             "trace_id": record.trace_hex,
             "span_id": record.span_hex,
         }

@@ -19,8 +19,10 @@ def format_summary(step: int | None, stats: StepStats) -> str:
     ]
     for s in stats.stragglers:
         tokens = "?" if s.output_tokens is None else s.output_tokens
+        # A request timed by an HTTP client has no span of its own here: the server made it.
+        span = f" span_id={s.span_id}" if s.span_id else ""
         lines.append(
             f"  slow: {s.duration_s:8.3f} s {tokens:>6} tokens "
-            f"{s.finish_reason or '-':<6} trace_id={s.trace_id} span_id={s.span_id}"
+            f"{s.finish_reason or '-':<6} trace_id={s.trace_id}{span}"
         )
     return "\n".join(lines)

@@ -6,7 +6,3 @@ and the older releases built by ``scripts/engine-env vllm-0.12`` etc.); the SGLa
 """
 
 from __future__ import annotations
-
-from tests.vllm.conftest import instrumented, llm, llm_stats, vllm_module
-
-__all__ = ["instrumented", "llm", "llm_stats", "vllm_module"]

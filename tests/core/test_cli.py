@@ -100,3 +100,45 @@ def test_check_accepts_output_paths_that_can_be_created(tmp_path: Path) -> None:
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_check_probes_paths_for_real_even_as_root(tmp_path: Path) -> None:
+    """``os.access`` says yes to root for /proc; the check must try, and leave nothing behind."""
+    result = subprocess.run(
+        _commands()[0],
+        env=_env(
+            OTEL_ROLLOUT_STEP_LOG="/proc/otel-rollout-probe/steps.jsonl",
+            OTEL_ROLLOUT_REPORT_DIR="/proc/otel-rollout-probe-pngs",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "OTEL_ROLLOUT_STEP_LOG='/proc/otel-rollout-probe/steps.jsonl' is invalid" in (
+        result.stderr
+    )
+    assert "OTEL_ROLLOUT_REPORT_DIR='/proc/otel-rollout-probe-pngs' is invalid" in result.stderr
+    # a path that can be made: accepted, and the probe removed what it created
+    ok = subprocess.run(
+        _commands()[0],
+        env=_env(
+            OTEL_ROLLOUT_STEP_LOG=str(tmp_path / "a" / "b" / "steps.jsonl"),
+            OTEL_ROLLOUT_REPORT_DIR=str(tmp_path / "pngs"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert list(tmp_path.iterdir()) == []
+    existing = tmp_path / "steps.jsonl"
+    existing.write_text("{}\n")
+    subprocess.run(
+        _commands()[0],
+        env=_env(OTEL_ROLLOUT_STEP_LOG=str(existing)),
+        check=True,
+        timeout=60,
+        capture_output=True,
+    )
+    assert existing.read_text() == "{}\n"  # appended to nothing, never truncated

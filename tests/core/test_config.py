@@ -14,8 +14,8 @@ from otel_rollout import config as cfg
 from otel_rollout.config import SETTINGS, RolloutConfig, load_config
 from otel_rollout.instrumentation import build_telemetry
 from otel_rollout.telemetry import Telemetry
+from testkit.records import make_record
 from tests.conftest import OTelHarness
-from tests.core.conftest import make_record
 
 _BY_ENV = {s.env: s for s in SETTINGS}
 
@@ -40,6 +40,8 @@ MALFORMED = [
     ("OTEL_ROLLOUT_BATCH_AS_STEP", "2"),
     ("OTEL_ROLLOUT_REPORT_DIR", "/tmp/a\x00b"),
     ("OTEL_ROLLOUT_STEP_LOG", "\x00"),
+    ("OTEL_ROLLOUT_HTTP_PATHS", "v1/completions"),  # not a path
+    ("OTEL_ROLLOUT_HTTP_PATHS", "/generate,,/v1/completions"),  # empty entry
     ("OTEL_ROLLOUT_EXIT_TIMEOUT", "soon"),
     ("OTEL_ROLLOUT_EXIT_TIMEOUT", "-1"),
     ("OTEL_ROLLOUT_STEP_WAIT", "a while"),

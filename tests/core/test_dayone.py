@@ -17,8 +17,8 @@ from otel_rollout.ray import runtime_env
 from otel_rollout.record import model_label
 from otel_rollout.steps import StepScope, batch_in_step
 from otel_rollout.telemetry import Telemetry
+from testkit.records import make_record
 from tests.conftest import OTelHarness
-from tests.core.conftest import make_record
 
 # --- model label -------------------------------------------------------------------------------
 
@@ -176,3 +176,117 @@ def test_runtime_env_keeps_an_instance_id_the_user_sets_for_workers() -> None:
         env_vars={"OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=pool-a"},
     )
     assert env["env_vars"]["OTEL_RESOURCE_ATTRIBUTES"] == "service.instance.id=pool-a"
+
+
+# --- a step channel that fails at the step's end -------------------------------------------------
+
+
+class _FailingChannel:
+    """A fake, named as such: a channel whose close raises. The real failure (the Ray collector
+    not answering within its wait) needs a stalled actor; what matters here is the step's view."""
+
+    def open(self, scope: StepScope, ctx: Any) -> Any:
+        return ctx
+
+    def close(self, scope: StepScope, wait_s: float) -> None:
+        raise TimeoutError("collector did not answer")
+
+
+def test_a_failed_channel_makes_the_step_partial_not_complete(
+    otel: OTelHarness, make_telemetry: Callable[..., Telemetry], model: str
+) -> None:
+    telemetry = make_telemetry()
+    channel = _FailingChannel()
+    steps.register_channel(channel)
+    try:
+        with StepScope(3, telemetry=telemetry) as scope:
+            telemetry.emit(make_record(model))
+    finally:
+        steps.unregister_channel(channel)
+    assert scope.partial is True
+    assert scope.stats is not None and scope.stats.requests == 1  # what this process saw
+    step = next(s for s in otel.finished_spans() if s.name == "rollout.step")
+    assert step.attributes["rollout.step.partial"] is True
+
+
+# --- step telemetry names its real source ----------------------------------------------------------
+
+
+def test_steps_come_out_under_the_steps_scope_not_an_engines(otel: OTelHarness) -> None:
+    """Instrument vLLM then SGLang where neither is installed (this environment): neither may
+    register, and the step's span and metric points name ``otel_rollout.steps``."""
+    import importlib.util
+
+    from otel_rollout import SGLangInstrumentor, VLLMInstrumentor
+    from otel_rollout.telemetry import _EMITTERS, STEP_SCOPE, step_emitter
+
+    if importlib.util.find_spec("vllm") or importlib.util.find_spec("sglang"):
+        pytest.skip("needs an environment without the engines (the core one)")
+    before = list(_EMITTERS)
+    vllm, sglang = VLLMInstrumentor(), SGLangInstrumentor()
+    vllm.instrument()
+    sglang.instrument()
+    try:
+        assert _EMITTERS == before  # an engine that is not installed registers nothing
+        with StepScope(11):
+            pass
+        step = next(s for s in otel.finished_spans() if s.name == "rollout.step")
+        assert step.instrumentation_scope.name == STEP_SCOPE
+        assert step_emitter().tracer is not None
+    finally:
+        sglang.uninstrument()
+        vllm.uninstrument()
+
+
+def test_an_engines_steps_go_to_its_providers_under_the_steps_scope(
+    otel: OTelHarness, model: str
+) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_rollout.telemetry import STEP_SCOPE, create_telemetry
+
+    spans, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(spans))
+    mp = MeterProvider(metric_readers=[reader])
+    engine = create_telemetry("vllm", tp, mp)
+    with StepScope(4, telemetry=engine):
+        engine.emit(make_record(model))
+    engine.flush()
+    scopes = {s.name: s.instrumentation_scope.name for s in spans.get_finished_spans()}
+    assert scopes["rollout.step"] == STEP_SCOPE
+    assert scopes[f"text_completion {model}"] == "otel_rollout.vllm"
+    metric_scopes = {
+        m.name: sm.scope.name
+        for rm in reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    assert metric_scopes["rollout.step.requests"] == STEP_SCOPE
+    assert metric_scopes["gen_ai.server.request.duration"] == "otel_rollout.vllm"
+
+
+def test_the_decorator_keeps_the_telemetry_it_was_given(model: str) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_rollout.telemetry import create_telemetry
+
+    spans = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(spans))
+    engine = create_telemetry("vllm", tp)
+
+    @StepScope(telemetry=engine)
+    def step() -> None:
+        pass
+
+    step()
+    step()
+    steps = [s for s in spans.get_finished_spans() if s.name == "rollout.step"]
+    assert [s.attributes["rollout.step"] for s in steps] == [1, 2]

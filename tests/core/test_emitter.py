@@ -32,7 +32,7 @@ from otel_rollout.record import RequestRecord
 from otel_rollout.steps import rollout_step
 from otel_rollout.telemetry import Telemetry
 from testkit.otlp_receiver import OTLPReceiver, attr
-from tests.core.conftest import make_record
+from testkit.records import make_record
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -258,8 +258,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 endpoint, count = sys.argv[1], int(sys.argv[2])
+traces = sys.argv[3] if len(sys.argv) > 3 else endpoint  # the span exporter may go elsewhere
+warm = int(sys.argv[4]) if len(sys.argv) > 4 else 0  # records emitted, and exported, first
 tp = TracerProvider()
-tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True)))
+tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces, insecure=True)))
 trace.set_tracer_provider(tp)
 metrics.set_meter_provider(MeterProvider(metric_readers=[PeriodicExportingMetricReader(
     OTLPMetricExporter(endpoint=endpoint, insecure=True), export_interval_millis=3_600_000)]))
@@ -270,10 +272,16 @@ from otel_rollout.sdk import bound_exit
 
 telemetry = build_telemetry("vllm", {})
 bound_exit(telemetry.config.exit_timeout)  # what EngineInstrumentor.instrument() does
-now = time.time_ns()
-telemetry.emit_all([RequestRecord(provider="vllm", model="exit-job", operation="text_completion",
-                                  arrival_ns=now - 10**9, finish_ns=now, request_id=f"exit-{i}",
-                                  output_tokens=1) for i in range(count)])
+def records(first, last):
+    now = time.time_ns()
+    return [RequestRecord(provider="vllm", model="exit-job", operation="text_completion",
+                          arrival_ns=now - 10**9, finish_ns=now, request_id=f"exit-{i}",
+                          output_tokens=1) for i in range(first, last)]
+
+if warm:  # the collector has been answering (slowly) before the exit
+    telemetry.emit_all(records(0, warm))
+    tp.force_flush()
+telemetry.emit_all(records(warm, count))
 print("PENDING", telemetry._emitter.pending if telemetry._emitter else 0, flush=True)
 """
 
@@ -302,6 +310,62 @@ def test_exit_with_records_pending_exports_them_all(
     durations = [m for m in otlp_receiver.metrics() if m.name == "gen_ai.server.request.duration"]
     assert sum(p.count for p in durations[-1].histogram.data_points) == count
     assert "Queue full" not in proc.stderr
+
+
+def _exit_job(
+    metrics_endpoint: str, count: int, traces_endpoint: str | None = None, warm: int = 0
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(PYTHONPATH=str(REPO))
+    args = [sys.executable, "-c", _EXIT_JOB, metrics_endpoint, str(count)]
+    args += [traces_endpoint or metrics_endpoint, str(warm)]
+    started = time.monotonic()
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, time.monotonic() - started
+
+
+def _duration_count(receiver: OTLPReceiver) -> int:
+    durations = [m for m in receiver.metrics() if m.name == "gen_ai.server.request.duration"]
+    return sum(p.count for p in durations[-1].histogram.data_points) if durations else 0
+
+
+def test_exit_with_a_dead_span_exporter_still_records_every_count(
+    otlp_receiver: OTLPReceiver,
+) -> None:
+    """Spans go to a closed port (never answers); metric points to a working receiver. A
+    bounded exit may drop spans, never counts: all 20,000 requests are in the histogram."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    count = 20_000
+    proc, took = _exit_job(otlp_receiver.grpc_endpoint, count, traces_endpoint=closed)
+    pending = int(proc.stdout.split("PENDING")[1].split()[0])
+    assert pending > 0, "the job exited with nothing pending: the test tests nothing"
+    assert otlp_receiver.wait_for(lambda r: _duration_count(r) > 0, timeout=30)
+    assert _duration_count(otlp_receiver) == count
+    assert "span(s) were not made at exit" in proc.stderr
+    assert "metric points were recorded" in proc.stderr
+    assert took < 30, took
+
+
+def test_exit_waits_for_a_slow_span_exporter_that_answers() -> None:
+    """Each trace export is answered 1.6 s late — slower than OTEL_ROLLOUT_EXIT_TIMEOUT (1.5 s),
+    faster than the exporter's own 10 s timeout: a slow collector, not a dead one. Every span
+    arrives. (Before: one drain over 1.5 s counted as stuck and the rest was dropped.)"""
+    slow = OTLPReceiver(trace_delay_s=1.6).start()
+    try:
+        warm, count = 600, 600 + 2_048
+        proc, took = _exit_job(slow.grpc_endpoint, count, warm=warm)
+        pending = int(proc.stdout.split("PENDING")[1].split()[0])
+        assert pending > 0, "the job exited with nothing pending: the test tests nothing"
+        assert len(slow.spans()) == count, (len(slow.spans()), proc.stderr[-2000:])
+        assert _duration_count(slow) == count
+        assert "not made at exit" not in proc.stderr
+    finally:
+        slow.stop()
 
 
 def test_in_flight_of_several_emitters_on_one_meter_all_report() -> None:

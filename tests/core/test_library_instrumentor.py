@@ -71,6 +71,15 @@ def test_uninstrument_before_import_retires_the_hook() -> None:
         ("0.9", False, "older than the supported 1"),
         ("3.1", True, "newer than the newest tested (2.0)"),
         ("2.0.7", True, None),
+        # read as pip reads them: a pre-release, post-release, dev or local build of the tested
+        # release is that release (once "0.32.0rc1" read as 0.32.1, newer than tested)
+        ("2.0.0rc1", True, None),
+        ("2.0.0.post2", True, None),
+        ("2.0.0.dev3", True, None),
+        ("2.0.0+cpu", True, None),
+        ("0.9.1rc12", False, "older than the supported 1"),
+        ("2.1rc1", True, "newer than the newest tested (2.0)"),
+        ("main-g1234", True, "not a PEP 440 version"),
     ],
 )
 def test_version_gates(version: str, patched: bool, message: str | None) -> None:
@@ -88,3 +97,22 @@ def test_version_gates(version: str, patched: bool, message: str | None) -> None
         assert logs == []
     else:
         assert len(logs) == 1 and message in logs[0]
+
+
+@pytest.mark.parametrize(
+    "version, release",
+    [
+        ("0.32.0rc1", (0, 32, 0)),
+        ("0.11.1rc2", (0, 11, 1)),
+        ("0.32.0+cpu", (0, 32, 0)),
+        ("0.10.1.post1", (0, 10, 1)),
+        ("0.33.0.dev12+g1a2b", (0, 33, 0)),
+        ("dev", None),
+    ],
+)
+def test_version_tuple_reads_versions_like_pip(
+    version: str, release: tuple[int, ...] | None
+) -> None:
+    from otel_rollout.instrumentation import version_tuple
+
+    assert version_tuple(version) == release

@@ -31,7 +31,7 @@ from otel_rollout.exposition import (
     wants_protobuf,
 )
 from otel_rollout.telemetry import Telemetry
-from tests.core.conftest import make_record
+from testkit.records import make_record
 
 # --- an independent decoder for io.prometheus.client (client_model metrics.proto, proto2) --------
 
@@ -393,6 +393,7 @@ def test_only_our_long_tail_instruments_become_exponential(route: str) -> None:
         "vllm", TracerProvider().get_tracer("t"), provider.get_meter("otel_rollout.vllm"), config
     )
     telemetry.emit(make_record("m"))
+    provider.force_flush()  # the SDK's own flush: it waits for the background emitter
     provider.get_meter("another.library").create_histogram("gen_ai.client.token.usage").record(5)
     provider.get_meter("otel_rollout").create_histogram("rollout.step.duration").record(3)
     kinds = _kinds(reader)
@@ -413,6 +414,7 @@ def test_explicit_setting_keeps_explicit_buckets_everywhere() -> None:
     Telemetry(
         "vllm", TracerProvider().get_tracer("t"), provider.get_meter("otel_rollout.vllm"), config
     ).emit(make_record("m"))
+    provider.force_flush()
     kinds = set(_kinds(reader).values())
     assert HistogramData in kinds and ExponentialHistogram not in kinds
 
@@ -521,3 +523,30 @@ def test_a_metric_that_fails_to_encode_is_left_out_not_the_scrape(
     assert (
         len([r for r in caplog.records if "gen_ai.server.request.duration" in r.getMessage()]) == 1
     )
+
+
+@pytest.mark.parametrize("fmt", ["text", "protobuf"])
+def test_one_metric_that_fails_to_render_leaves_the_rest_of_the_scrape(
+    fmt: str, monkeypatch: pytest.MonkeyPatch, metric_family: Any
+) -> None:
+    """Fault injection (named as such): the histogram's rendering raises; the counter beside it
+    must still be served, in both the text and the protobuf exposition."""
+    pipe = Pipeline(RolloutConfig(), monkeypatch)
+    pipe.record(10)
+    pipe.meter.create_counter("rollout.other", unit="{record}").add(3)
+    broken = "gen_ai.server.request.duration"
+
+    def explode(metric: Any, *args: Any, **kwargs: Any) -> Any:
+        if metric.name == broken:
+            raise ValueError("injected rendering fault")
+        return original(metric, *args, **kwargs)
+
+    original = pipe.reader._family if fmt == "text" else pipe.reader._family_pb
+    monkeypatch.setattr(pipe.reader, "_family" if fmt == "text" else "_family_pb", explode)
+    data = pipe.reader.collect_for_scrape()
+    if fmt == "text":
+        names = {getattr(f, "name", "") for f in pipe.reader.families(data)}
+    else:
+        names = {f.name for f in decode_delimited(pipe.reader.protobuf(data), metric_family)}
+    assert any(n.startswith("rollout_other") for n in names), names
+    assert not any(n.startswith("gen_ai_server_request_duration") for n in names)

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from otel_rollout.config import RolloutConfig
 from otel_rollout.telemetry import Telemetry
 from testkit.otlp_receiver import OTLPReceiver, attr
-from tests.core.conftest import make_record
+from testkit.records import make_record
 
 
 def _exporters(protocol: str, receiver: OTLPReceiver) -> tuple[Any, Any]:

@@ -11,8 +11,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_rollout.config import RolloutConfig, load_config
 from otel_rollout.record import StreamClosedEarly
-from tests.conftest import OTelHarness
-from tests.core.conftest import make_record
+from otel_rollout.steps import StepScope
+from testkit.records import make_record
+from tests.conftest import OTelHarness, flush_emitters
 
 GENAI = "gen_ai.server.request.duration"
 
@@ -375,3 +376,22 @@ def test_engines_and_reinstrumenting_keep_their_observable_counters(otel) -> Non
     assert providers == {"vllm", "sglang"}
     vllm.requests_ended("m-busy", "text_completion")
     sglang.requests_ended("m-busy", "text_completion")
+
+
+def test_request_batch_and_step_spans_describe_an_error_alike(otel, make_telemetry, model) -> None:
+    telemetry = make_telemetry()
+    error = RuntimeError("engine fell over")
+    with pytest.raises(RuntimeError), StepScope(7, telemetry=telemetry):
+        with telemetry.batch(model, "text_completion", 1):
+            telemetry.emit(make_record(model, error=error, finish_reasons=()))
+            raise error
+    flush_emitters()
+    by_name = {}
+    for span in otel.finished_spans():
+        if span.name in ("rollout.step", "rollout.batch") or span.name.endswith(model):
+            by_name[span.name.split(" ")[0]] = span
+    assert set(by_name) == {"rollout.step", "rollout.batch", "text_completion"}
+    for span in by_name.values():
+        assert span.status.status_code == StatusCode.ERROR
+        assert span.status.description == "RuntimeError: engine fell over", span.name
+        assert span.attributes["error.type"] == "RuntimeError", span.name

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from testkit.processes import run_reaped
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -40,7 +42,7 @@ def workload_env(**overrides: str) -> dict[str, str]:
 
 def run_workload(model: str, env: dict[str, str], *args: str, timeout: float = 240) -> list[Any]:
     """Run to completion; returns the per-request truth lines the workload printed."""
-    proc = subprocess.run(
+    proc = run_reaped(
         instrument_command("--model", model, *args),
         env=env,
         cwd=REPO,

@@ -253,7 +253,7 @@ def test_slowest_requests_table_lists_request_spans_only(dashboards: dict[str, d
     from otel_rollout.config import RolloutConfig
     from otel_rollout.steps import StepScope
     from otel_rollout.telemetry import Telemetry
-    from tests.core.conftest import make_record
+    from testkit.records import make_record
 
     exporter = InMemorySpanExporter()
     tracer_provider = TracerProvider()

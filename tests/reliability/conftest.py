@@ -10,7 +10,6 @@ import pytest
 
 from testkit.engines import VLLM_KWARGS, shutdown_async_llm
 from tests.reliability.jobs import exporter_jobs  # noqa: F401
-from tests.vllm.conftest import instrumented, llm, llm_stats, vllm_module  # noqa: F401
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:

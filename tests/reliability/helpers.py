@@ -11,17 +11,6 @@ from otel_rollout.telemetry import Telemetry
 from tests.conftest import OTelHarness
 
 
-def vllm_telemetry() -> Telemetry:
-    """The Telemetry the current vLLM instrumentation writes to (held by its wrappers)."""
-    from vllm.entrypoints.llm import LLM
-
-    wrapper = LLM.__dict__["generate"]._self_wrapper
-    for cell in wrapper.__closure__ or ():
-        if isinstance(cell.cell_contents, Telemetry):
-            return cell.cell_contents
-    raise AssertionError("vLLM is not instrumented")
-
-
 def in_flight(telemetry: Telemetry) -> dict[str, int]:
     """Our per-engine in-flight counts (the internal map the busy/idle counters read)."""
     return {model: activity.active for model, activity in telemetry._engines.items()}

@@ -73,6 +73,8 @@ def test_check_names_every_invalid_variable(case: str) -> None:
     invalid = [s.env for s in SETTINGS if _invalid(s.env, case)]
     if case != "empty":
         invalid.append(CAPTURE_CONTENT_ENV)
+    if case == "huge":  # parses as a path, but no file of a 400-character name can be made
+        invalid += ["OTEL_ROLLOUT_STEP_LOG", "OTEL_ROLLOUT_REPORT_DIR"]  # the check probes them
     if not invalid:
         assert result.returncode == 0, result.stderr
         return

@@ -10,8 +10,9 @@ import pytest
 
 from otel_rollout.streams import ObservedAsyncStream
 from otel_rollout.vllm.adapter import AsyncRequest
+from testkit.engines import vllm_telemetry
 from tests.conftest import OTelHarness
-from tests.reliability.helpers import active_delta, in_flight, live, request_spans, vllm_telemetry
+from tests.reliability.helpers import active_delta, in_flight, live, request_spans
 
 pytestmark = pytest.mark.vllm
 

@@ -17,6 +17,7 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.trace import StatusCode
 
 from otel_rollout.vllm.adapter import AsyncRequest, StepTimes
+from testkit.engines import vllm_telemetry
 from tests.conftest import OTelHarness
 from tests.reliability.helpers import (
     active_delta,
@@ -25,7 +26,6 @@ from tests.reliability.helpers import (
     live,
     request_spans,
     spin,
-    vllm_telemetry,
 )
 
 pytestmark = pytest.mark.vllm

@@ -22,7 +22,7 @@ import pytest
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from tests.reliability.faults import FaultyCollector
-from tests.reliability.jobs import Job
+from tests.reliability.jobs import PROTOCOLS, Job
 
 pytestmark = pytest.mark.vllm
 
@@ -72,10 +72,14 @@ def test_vllm_outputs_unchanged_under_a_failing_collector(
 
 def test_memory_bounded(exporter_jobs: dict[str, Job]) -> None:
     """5,000 spans against a collector that never accepts: the export queue (2,048) bounds RSS."""
+    checked = []
     for name, job in exporter_jobs.items():
         if isinstance(job, Job) and name not in ("bare", "vllm-error-http"):
             rss = job.lines[0]["rss_mb"]
             assert rss[-1] - rss[1] < 40, (name, rss)
+            checked.append(name)
+    # every faulty collector, over both protocols: a job list that lost them must not pass
+    assert len(checked) == 3 * len(PROTOCOLS), checked
 
 
 def test_fast_exit_under_broken_exporters(exporter_jobs: dict[str, Job]) -> None:

@@ -18,8 +18,9 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_rollout.telemetry import LogOnce
+from testkit.engines import vllm_telemetry
 from tests.conftest import OTelHarness, flush_emitters
-from tests.reliability.helpers import active_delta, in_flight, request_spans, vllm_telemetry
+from tests.reliability.helpers import active_delta, in_flight, request_spans
 
 pytestmark = pytest.mark.vllm
 

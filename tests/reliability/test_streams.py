@@ -16,6 +16,7 @@ from opentelemetry.trace import StatusCode
 
 from otel_rollout.streams import ObservedAsyncStream
 from otel_rollout.vllm.adapter import AsyncRequest, StepTimes
+from testkit.engines import vllm_telemetry
 from tests.conftest import OTelHarness
 from tests.reliability.helpers import (
     active_delta,
@@ -23,7 +24,6 @@ from tests.reliability.helpers import (
     live,
     request_spans,
     spin,
-    vllm_telemetry,
 )
 
 pytestmark = pytest.mark.vllm

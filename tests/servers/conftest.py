@@ -131,6 +131,26 @@ def stop_server(server: Server) -> None:
     server.proc.wait(timeout=30)
 
 
+@pytest.fixture
+def http_client_hook() -> Iterator[None]:
+    """The client side of an HTTP job, hooked for one test (the servers are hooked by their own
+    `opentelemetry-instrument`)."""
+    from otel_rollout.http import HTTPClientInstrumentor
+
+    hook = HTTPClientInstrumentor()
+    hook.instrument()
+    yield
+    hook.uninstrument()
+
+
+@pytest.fixture
+def step_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the step log of the test's steps goes."""
+    path = tmp_path / "steps.jsonl"
+    monkeypatch.setenv("OTEL_ROLLOUT_STEP_LOG", str(path))
+    return path
+
+
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[OTLPReceiver]:
     """One OTLP receiver per module: the module's server exports to it for its whole life."""

@@ -49,3 +49,11 @@ class WorkerActor:
 
     def pid(self) -> int:
         return os.getpid()
+
+
+def run_samples(server: Any, tag: str, lengths: list[int]) -> list[dict[str, Any]]:
+    """``WorkerActor.run`` as a Ray *task* (a plain function): frameworks fan out with both."""
+    import ray
+
+    refs = [server.generate.remote(f"{tag} sample {i}", n) for i, n in enumerate(lengths)]
+    return list(ray.get(refs))

@@ -1,3 +1,1 @@
-"""The vLLM fixtures the step tests share with tests/vllm (one engine per session)."""
-
-from tests.vllm.conftest import instrumented, llm, vllm_module  # noqa: F401
+"""The step tests use the vLLM fixtures of tests/conftest.py (one engine per session)."""

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from testkit.processes import run_reaped
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +26,7 @@ def test_step_and_request_telemetry_use_the_given_providers(
     }
     for name in [k for k in env if k.startswith("OTEL_")]:
         env.pop(name)
-    out = subprocess.run(
+    out = run_reaped(
         [sys.executable, str(Path(__file__).with_name("explicit_providers_job.py")), tiny_model],
         env=env,
         capture_output=True,

@@ -15,6 +15,7 @@ from otel_rollout import rollout_step
 from otel_rollout.ray import SETUP_HOOK, inject_context, runtime_env
 from testkit.engines import VLLM_ENV, VLLM_KWARGS, long_tail_lengths
 from testkit.otlp_receiver import OTLPReceiver, attr
+from testkit.processes import descendant_pids, end_new
 from tests.conftest import OTelHarness
 
 pytestmark = pytest.mark.vllm
@@ -22,9 +23,13 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture
 def ray_module(vllm_module: Any) -> Iterator[Any]:
+    """Ray, and at the end the cluster and every worker it started, gone (they outlive a bare
+    ``ray.shutdown()`` for minutes)."""
     ray = pytest.importorskip("ray")
+    before = descendant_pids()
     yield ray
     ray.shutdown()
+    end_new(before)
 
 
 def run_step(ray: Any, otel: OTelHarness, tiny_model: str, step: int) -> tuple[Any, list[int]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from testkit.otlp_receiver import OTLPReceiver, attr
+from testkit.processes import run_reaped
 from tests.steps.expected import Request, expected
 
 pytestmark = pytest.mark.vllm
@@ -43,7 +43,7 @@ def run_job(
         }
     )
     started = time.monotonic()
-    out = subprocess.run(
+    out = run_reaped(
         [
             str(Path(sys.executable).parent / "opentelemetry-instrument"),
             sys.executable,
@@ -76,6 +76,19 @@ def test_steps_span_ray_actors_without_code_changes(
     otlp_receiver: OTLPReceiver, tiny_model: str, vllm_module: Any
 ) -> None:
     lines, _ = run_job(otlp_receiver, tiny_model)
+    check_steps(lines, otlp_receiver)
+
+
+def test_steps_span_ray_tasks_without_code_changes(
+    otlp_receiver: OTLPReceiver, tiny_model: str, vllm_module: Any
+) -> None:
+    """The same fan-out as Ray tasks (plain functions): Ray gives them no context parameter of
+    their own, ours carries the step through them to the server actor."""
+    lines, _ = run_job(otlp_receiver, tiny_model, "-", "tasks")
+    check_steps(lines, otlp_receiver)
+
+
+def check_steps(lines: list[dict[str, Any]], otlp_receiver: OTLPReceiver) -> None:
     steps_out = [x for x in lines if "step" in x]
     assert [x["step"] for x in steps_out] == [1, 2, 3]
     total = sum(len(x["results"]) for x in steps_out)

@@ -29,6 +29,7 @@ import pytest
 
 from testkit.engines import VLLM_ENV
 from testkit.otlp_receiver import OTLPReceiver, attr
+from testkit.processes import run_reaped
 
 pytestmark = pytest.mark.verl
 
@@ -83,7 +84,7 @@ def verl_run(
         str(out),
     ]
     started = time.monotonic()
-    proc = subprocess.run(
+    proc = run_reaped(
         command,
         env=job_env(module_receiver.grpc_endpoint),
         cwd=REPO,

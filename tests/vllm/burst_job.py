@@ -61,8 +61,8 @@ def main() -> None:
     else:
         import wrapt
 
-        from otel_rollout.telemetry import step_emitter
         from otel_rollout.vllm import adapter
+        from testkit.engines import vllm_telemetry
 
         outputs = standin_outputs(args.standin)
 
@@ -81,7 +81,7 @@ def main() -> None:
 
         # The telemetry opentelemetry-instrument's VLLMInstrumentor made (bound exit included).
         wrapt.wrap_function_wrapper(
-            StandIn, "generate", adapter.offline_wrapper(step_emitter(), "text_completion")
+            StandIn, "generate", adapter.offline_wrapper(vllm_telemetry(), "text_completion")
         )
         outputs = StandIn().generate([str(i) for i in range(args.standin)], params)
     print(f"DONE {len(outputs)} {time.time():.6f}", flush=True)

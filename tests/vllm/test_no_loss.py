@@ -21,10 +21,9 @@ from typing import Any
 import pytest
 
 from otel_rollout import rollout_step
-from testkit.engines import VLLM_ENV
+from testkit.engines import VLLM_ENV, vllm_telemetry
 from testkit.otlp_receiver import OTLPReceiver, attr
 from tests.conftest import OTelHarness
-from tests.reliability.helpers import vllm_telemetry
 
 pytestmark = pytest.mark.vllm
 
