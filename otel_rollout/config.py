@@ -381,8 +381,9 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "emit_queue",
         _int_range(0, 100_000_000),
         "Request records that may wait for the background emitter, which makes their spans "
-        "and metric points off the caller's thread; beyond it records are dropped and counted "
-        "in rollout.telemetry.dropped. 0 emits inline, in the caller (synchronous).",
+        "and metric points off the caller's thread; beyond it their spans are dropped (counted "
+        "in rollout.telemetry.dropped) and their metric points recorded in the caller, so "
+        "counts stay complete. 0 emits inline, in the caller (synchronous).",
     ),
     Setting(
         "OTEL_ROLLOUT_REPORT_DIR",

@@ -9,8 +9,9 @@ turns the records into spans and metric points.
 Policy, in one place:
 
 * **Bounded**: at most ``OTEL_ROLLOUT_EMIT_QUEUE`` records wait. A submission that does not fit is
-  dropped whole-or-part — never blocking the caller, never growing memory — counted in
-  ``rollout.telemetry.dropped`` and named in one warning that says which setting to raise.
+  refused whole-or-part — never blocking the caller, never growing memory — and :meth:`submit`
+  says how many: their owner records their metric points at once and drops their spans (counted
+  in ``rollout.telemetry.dropped``, named in one warning that says which setting to raise).
   ``OTEL_ROLLOUT_EMIT_QUEUE=0`` turns the emitter off: records are emitted inline, in the caller.
 * **Paced**: every ``pace_every`` spans the emitter lets the tracer provider drain (its
   ``force_flush``) and waits for that, so a burst of 80,000 spans never overflows a
@@ -176,6 +177,7 @@ class Emitter:
         self._queue: deque[tuple[Sequence[RequestRecord], Context]] = deque()
         self._submitted = 0
         self._processed = 0
+        self._working = False
         self._since_pace = 0
         self._pacer = (
             None if self._drain_provider is None else Pacer(self._drain_provider, PACE_WAIT_S)
@@ -234,33 +236,44 @@ class Emitter:
                 self._waiters -= 1
         return True
 
-    def drain(self, stall_s: float, give_up: Callable[[], bool] = lambda: False) -> bool:
-        """Wait while the emitter makes progress, giving up after ``stall_s`` without any.
+    def drain(
+        self,
+        stall_s: float,
+        give_up: Callable[[], bool] = lambda: False,
+        busy_s: float | None = None,
+    ) -> bool:
+        """Wait while the emitter makes progress; ``False`` when it stopped making any.
 
         Exit uses this: emitting 80,000 queued records takes seconds of CPU, which is progress
-        and worth waiting for; an emitter stuck behind an unreachable exporter makes none.
+        and worth waiting for. Progress is a chunk of records emitted. While the emitter is at
+        work — inside a chunk, or waiting on a drain of the exporter — a chunk may take long on
+        a loaded machine or behind a slow exporter, so the wait lasts up to ``busy_s`` (default
+        ``stall_s``) since the last chunk; while it is idle with records pending, ``stall_s``.
         ``give_up`` ends the wait early (the exporter is known not to answer).
         """
+        busy_s = stall_s if busy_s is None else max(busy_s, stall_s)
         target = self._submitted
         seen = self._processed
-        deadline = time.monotonic() + stall_s
+        last = time.monotonic()
         with self._cond:
             self._waiters += 1
             try:
                 while self._processed < target:
-                    pacer = self._pacer
-                    if self._processed != seen or (self.spans and pacer and pacer.busy):
-                        # records emitted, or a drain of the exporter under way (a slow exporter
-                        # answering is progress; one that is stuck is ``give_up``'s to judge)
-                        seen = self._processed
-                        deadline = time.monotonic() + stall_s
-                    left = deadline - time.monotonic()
+                    now = time.monotonic()
+                    if self._processed != seen:
+                        seen, last = self._processed, now
+                    left = last + (busy_s if self._at_work() else stall_s) - now
                     if left <= 0 or not self._alive() or give_up():
                         return False
                     self._cond.wait(min(left, 0.05))
             finally:
                 self._waiters -= 1
         return True
+
+    def _at_work(self) -> bool:
+        """Emitting a chunk now, or waiting for a drain of the exporter (while spans are made)."""
+        pacer = self._pacer
+        return self._working or (self.spans and pacer is not None and pacer.busy)
 
     def metrics_only(self) -> None:
         """From now on, records become metric points only: no spans, no waiting on the exporter.
@@ -295,7 +308,11 @@ class Emitter:
                 try:
                     spans = self.spans
                     with self._work_lock:
-                        self._sink(chunk, parent, spans)
+                        self._working = True
+                        try:
+                            self._sink(chunk, parent, spans)
+                        finally:
+                            self._working = False
                     if not spans:
                         self.spans_skipped += len(chunk)
                 except Exception as exc:  # the thread must outlive any failure of ours
@@ -361,11 +378,13 @@ def exporter_timeout_s() -> float:
 def drain_all(stall_s: float) -> bool:
     """Exit: emit everything queued; counts always, spans while the exporter takes them.
 
-    Spans are waited for while progress is made — records emitted, or a drain of the span
-    exporter under way — and given up when no progress came for ``stall_s``
-    (``OTEL_ROLLOUT_EXIT_TIMEOUT``) or the exporter is stuck: one drain longer than the
-    exporter's own timeout (:func:`exporter_timeout_s`), or ``NEVER_ANSWERED_S`` for one that never
-    answered (collector down since the start). Then the rest of the queue becomes metric points
+    Spans are waited for while progress is made — chunks of records emitted; a chunk in the
+    making or a drain of the span exporter under way counts until the exporter's own timeout
+    (:func:`exporter_timeout_s`), since on a loaded machine one chunk can take seconds — and
+    given up when the emitter sat idle without progress for ``stall_s``
+    (``OTEL_ROLLOUT_EXIT_TIMEOUT``), or the exporter is stuck: one drain longer than its own
+    timeout, or ``NEVER_ANSWERED_S`` for one that never answered (collector down since the
+    start). Then the rest of the queue becomes metric points
     only (:meth:`Emitter.metrics_only`): a bounded exit drops spans, never counts.
     """
     _exit_state_draining.append(True)
@@ -373,7 +392,7 @@ def drain_all(stall_s: float) -> bool:
     stuck_s = max(stall_s, exporter_timeout_s())
     spans_ok = True
     for emitter in live:
-        spans_ok = emitter.drain(stall_s, lambda: exporter_stuck(stuck_s)) and spans_ok
+        spans_ok = emitter.drain(stall_s, lambda: exporter_stuck(stuck_s), stuck_s) and spans_ok
     if spans_ok:
         return True
     before = sum(e.spans_skipped for e in live)
@@ -381,7 +400,7 @@ def drain_all(stall_s: float) -> bool:
         emitter.metrics_only()
     counts_ok = True
     for emitter in live:
-        counts_ok = emitter.drain(stall_s) and counts_ok
+        counts_ok = emitter.drain(stall_s, busy_s=stuck_s) and counts_ok
     skipped = sum(e.spans_skipped for e in live) - before
     if counts_ok:
         _logger.warning(

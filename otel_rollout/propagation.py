@@ -72,7 +72,7 @@ def server_context(
     ``Headers``. A server span already made by ASGI/FastAPI instrumentation (a valid span in
     ``current``) is kept: the request span then becomes its child, in the caller's trace. Only
     what ``current`` lacks is taken from the headers — the caller's span when there is none,
-    the caller's baggage (``rollout.step``) when there is none — so nothing another
+    each baggage entry (``rollout.step``) that it does not hold — so nothing another
     instrumentation attached is overridden.
     """
     if headers is None:
@@ -83,8 +83,11 @@ def server_context(
     if not has_valid_span(base) and has_valid_span(extracted):
         ctx = trace.set_span_in_context(trace.get_current_span(extracted), ctx)
         changed = True
-    if not baggage.get_all(base):
-        for key, value in baggage.get_all(extracted).items():
+    present = baggage.get_all(base)
+    for key, value in baggage.get_all(extracted).items():
+        # Entry by entry: baggage of another origin already in the context (a proxy's, another
+        # middleware's) must not hide the caller's ``rollout.step``.
+        if key not in present:
             ctx = baggage.set_baggage(key, value, ctx)
             changed = True
     return ctx if changed else None

@@ -49,11 +49,24 @@ def test_a_server_span_already_attached_is_kept(otel: OTelHarness) -> None:
         assert trace.get_current_span(ctx) is server
         assert step_number(ctx) == 7
         # With the baggage there too, nothing is left to add: keep the current context.
-        token = otel_context.attach(baggage.set_baggage("rollout.step", "3"))
+        token = otel_context.attach(
+            baggage.set_baggage("team", "rl", baggage.set_baggage("rollout.step", "3"))
+        )
         try:
             assert server_context(HEADERS) is None
         finally:
             otel_context.detach(token)
+
+
+def test_other_baggage_in_the_context_does_not_hide_the_step() -> None:
+    """A context that already holds baggage of another origin (a proxy's, a middleware's) still
+    gets the caller's ``rollout.step``; its own entries are kept, never overridden."""
+    base = baggage.set_baggage("tenant", "a", otel_context.Context())
+    base = baggage.set_baggage("team", "platform", base)
+    ctx = server_context(HEADERS, base)
+    assert ctx is not None and step_number(ctx) == 7
+    assert baggage.get_baggage("tenant", ctx) == "a"
+    assert baggage.get_baggage("team", ctx) == "platform"  # the context's own wins
 
 
 @pytest.mark.parametrize(
