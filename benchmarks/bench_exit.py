@@ -2,7 +2,7 @@
 
 One RL-sized offline call, then the process exits at once: under ``opentelemetry-instrument``, over
 real OTLP/gRPC to a loopback receiver (``testkit.otlp_receiver``), with the SDK's defaults
-(BatchSpanProcessor queue 2,048, batch 512). The job is ``tests/vllm/burst_job.py``:
+(BatchSpanProcessor queue 2,048, batch 512). The job is ``testkit/burst_job.py``:
 ``--standin N`` hands the instrumentor's own offline wrapper N real ``RequestOutput`` objects (the
 CPU engine would take many minutes for 327,680 prompts); ``--prompts N`` runs the real engine.
 Reported per size: seconds from ``generate`` returning to the process being gone, and the request
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,36 +30,13 @@ if str(REPO) not in sys.path:
 
 
 def measure(size: int, real: bool, model: str | None) -> dict[str, Any]:
-    from testkit.engines import VLLM_ENV
+    from testkit.burst_job import run_burst
     from testkit.otlp_receiver import OTLPReceiver, attr
 
     receiver = OTLPReceiver().start()
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-        env.update(VLLM_ENV)
-        env.update(
-            PYTHONPATH=str(REPO),
-            OTEL_TRACES_EXPORTER="otlp",
-            OTEL_METRICS_EXPORTER="otlp",
-            OTEL_LOGS_EXPORTER="none",
-            OTEL_SERVICE_NAME="bench-exit",
-            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint,
-        )
         job = ["--model", str(model), "--prompts", str(size)] if real else ["--standin", str(size)]
-        command = [
-            str(Path(sys.executable).parent / "opentelemetry-instrument"),
-            sys.executable,
-            str(REPO / "tests" / "vllm" / "burst_job.py"),
-            *job,
-        ]
-        proc = subprocess.run(
-            command, env=env, cwd=REPO, capture_output=True, text=True, timeout=3600
-        )
-        gone = time.time()
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr[-3000:])
-        (done,) = [line for line in proc.stdout.splitlines() if line.startswith("DONE")]
-        exit_s = gone - float(done.split()[2])
+        proc, exit_s = run_burst(receiver.grpc_endpoint, *job, timeout=3600, service="bench-exit")
         time.sleep(2.0)  # the receiver's threads decode what the job sent before it exited
         spans = sum(
             1 for s in receiver.spans() if attr(s.attributes, "gen_ai.response.id") is not None

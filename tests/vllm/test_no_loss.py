@@ -11,17 +11,15 @@ same call runs in a process of its own that exits right after the call, exportin
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from otel_rollout import rollout_step
-from testkit.engines import VLLM_ENV, vllm_telemetry
+from testkit.burst_job import run_burst
+from testkit.engines import vllm_telemetry
 from testkit.otlp_receiver import OTLPReceiver, attr
 from tests.conftest import OTelHarness
 
@@ -71,36 +69,7 @@ def test_every_record_of_a_10k_generate_arrives(
 def _run_job(
     receiver: OTLPReceiver, *args: str, timeout: float
 ) -> tuple[subprocess.CompletedProcess[str], float]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update(VLLM_ENV)
-    # The SDK's defaults otherwise: BatchSpanProcessor queue 2,048, batch 512, 5 s delay.
-    env.update(
-        PYTHONPATH=str(REPO),
-        OTEL_TRACES_EXPORTER="otlp",
-        OTEL_METRICS_EXPORTER="otlp",
-        OTEL_LOGS_EXPORTER="none",
-        OTEL_SERVICE_NAME="no-loss",
-        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint,
-    )
-    command = [
-        str(Path(sys.executable).parent / "opentelemetry-instrument"),
-        sys.executable,
-        str(REPO / "tests" / "vllm" / "burst_job.py"),
-        *args,
-    ]
-    proc = subprocess.run(
-        command,
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
-    ended = time.time()
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    (done,) = [line for line in proc.stdout.splitlines() if line.startswith("DONE")]
-    return proc, ended - float(done.split()[2])
+    return run_burst(receiver.grpc_endpoint, *args, timeout=timeout, service="no-loss")
 
 
 def _assert_all_arrived(receiver: OTLPReceiver, count: int, proc: Any) -> None:

@@ -10,8 +10,14 @@ prints ``DONE <requests> <epoch>`` and returns: nothing flushes but what a user 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def standin_outputs(n: int) -> list[Any]:
@@ -85,6 +91,46 @@ def main() -> None:
         )
         outputs = StandIn().generate([str(i) for i in range(args.standin)], params)
     print(f"DONE {len(outputs)} {time.time():.6f}", flush=True)
+
+
+def run_burst(
+    endpoint: str, *job_args: str, timeout: float, service: str = "burst"
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run this job under ``opentelemetry-instrument`` exporting over OTLP/gRPC to ``endpoint``
+    with the SDK's defaults (BatchSpanProcessor queue 2,048, batch 512, 5 s delay); returns the
+    finished process and the seconds from ``generate`` returning to the process being gone."""
+    from testkit.engines import VLLM_ENV
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(VLLM_ENV)
+    env.update(
+        PYTHONPATH=str(REPO),
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_METRICS_EXPORTER="otlp",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_SERVICE_NAME=service,
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+    )
+    command = [
+        str(Path(sys.executable).parent / "opentelemetry-instrument"),
+        sys.executable,
+        str(Path(__file__)),
+        *job_args,
+    ]
+    proc = subprocess.run(
+        command,
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+    gone = time.time()
+    if proc.returncode != 0:
+        raise AssertionError(proc.stderr[-4000:])
+    (done,) = [line for line in proc.stdout.splitlines() if line.startswith("DONE")]
+    return proc, gone - float(done.split()[2])
 
 
 if __name__ == "__main__":
