@@ -8,10 +8,12 @@ backend and exemplars point at the wrong request. Ids from ``os.urandom`` are im
 
 from __future__ import annotations
 
+import copy
 import os
+from typing import Any
 
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.trace import INVALID_SPAN_ID, INVALID_TRACE_ID
+from opentelemetry.trace import INVALID_SPAN_ID, INVALID_TRACE_ID, Tracer
 
 
 class UrandomIdGenerator(IdGenerator):
@@ -26,3 +28,40 @@ class UrandomIdGenerator(IdGenerator):
         while (value := int.from_bytes(os.urandom(16), "big")) == INVALID_TRACE_ID:
             pass
         return value
+
+
+class PresetIds:
+    """An id generator for the emitter's tracer that returns the ids the caller already chose.
+
+    A request's trace and span ids are drawn on the caller's thread, when its record is handed
+    over, so the step analysis, reports and Ray step reports have them at once — without waiting
+    for the background emitter to make the span. The emitter thread sets them right before it
+    starts the span; anything else falls through to the provider's own generator.
+    """
+
+    __slots__ = ("inner", "trace_id", "span_id")
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.trace_id = 0
+        self.span_id = 0
+
+    def generate_span_id(self) -> int:
+        return self.span_id or int(self.inner.generate_span_id())
+
+    def generate_trace_id(self) -> int:
+        return self.trace_id or int(self.inner.generate_trace_id())
+
+    def is_trace_id_random(self) -> bool:
+        return bool(self.inner.is_trace_id_random())
+
+
+def preset_tracer(tracer: Tracer) -> tuple[Tracer, PresetIds | None]:
+    """A copy of an SDK tracer (same provider, scope, processors) whose ids can be preset."""
+    inner = getattr(tracer, "id_generator", None)
+    if inner is None or not callable(getattr(inner, "generate_span_id", None)):
+        return tracer, None  # not an SDK tracer (no-op, proxy): ids are set at emission
+    clone = copy.copy(tracer)
+    preset = PresetIds(inner)
+    clone.id_generator = preset  # type: ignore[attr-defined]
+    return clone, preset

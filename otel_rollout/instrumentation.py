@@ -77,6 +77,19 @@ def version_tuple(version: str) -> tuple[int, ...] | None:
         return None
 
 
+def argument(
+    args: tuple[Any, ...], kwargs: dict[str, Any], position: int, *names: str, default: Any = None
+) -> Any:
+    """A wrapped call's argument: positional at ``position``, else the first of ``names`` passed
+    by keyword, else ``default`` — how the engine's signature lets a caller pass it."""
+    if len(args) > position:
+        return args[position]
+    for name in names:
+        if name in kwargs:
+            return kwargs[name]
+    return default
+
+
 def should_observe() -> bool:
     """False when instrumentation is suppressed or an outer call of ours already observes this one.
 

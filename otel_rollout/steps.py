@@ -35,7 +35,7 @@ from otel_rollout import reports
 from otel_rollout.analysis import StepStats, analyze
 from otel_rollout.config import RolloutConfig, load_config
 from otel_rollout.context import current_step, step_number, with_step
-from otel_rollout.telemetry import StepTelemetry, Telemetry, step_emitter
+from otel_rollout.telemetry import StepTelemetry, Telemetry, job_step_telemetry
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -138,7 +138,7 @@ class StepScope:
     def __enter__(self) -> StepScope:
         if self._config is None:
             self._config = load_config(warn=False)
-        telemetry = self._telemetry or step_emitter()
+        telemetry = self._telemetry or job_step_telemetry()
         self._telemetry = telemetry
         ctx: Context = otel_context.get_current()
         with telemetry.log.guard("step span"):
@@ -161,7 +161,7 @@ class StepScope:
             otel_context.detach(self._token)  # type: ignore[arg-type]
             self._token = None
         config = self._config or RolloutConfig()
-        telemetry = self._telemetry or step_emitter()
+        telemetry = self._telemetry or job_step_telemetry()
         missing = 0
         for channel in self._channels:
             closed = False

@@ -1,81 +1,59 @@
-"""Record → span + metric points, and step → step span + step metric points: the one emitter.
+"""Where records and steps become telemetry: :class:`Telemetry` (one per engine) and
+:class:`StepTelemetry` (the job's steps), their lifecycle and transport.
 
 Engine adapters build :class:`~otel_rollout.record.RequestRecord` objects and call
-:meth:`Telemetry.emit`; the step scope hands its analysis to :meth:`Telemetry.finish_step`. Nothing
-else in the package touches tracers or meters. Spans are created once the request has finished,
-with the engine's own timestamps, so a span's start and end are when the engine saw the request
-arrive and finish — not when we happened to look.
+:meth:`Telemetry.emit`; the step scope hands its analysis to :meth:`StepTelemetry.finish_step`.
+Spans are created once the request has finished, with the engine's own timestamps, so a span's
+start and end are when the engine saw the request arrive and finish — not when we happened to
+look. What each span and point carries is built in :mod:`otel_rollout.attributes`; the
+instruments live in :mod:`otel_rollout.instruments`, in-flight accounting in
+:mod:`otel_rollout.activity`, preset span ids in :mod:`otel_rollout.ids`, the background
+queue in :mod:`otel_rollout.emitter`.
 """
 
 from __future__ import annotations
 
-import copy
-import json
 import os
 import threading
-import time
-import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import Meter
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as GenAI
-from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
 from opentelemetry.semconv.attributes import error_attributes
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
-from otel_rollout.config import (
-    DEFAULT_RATIO_BUCKETS,
-    IDLE_CAPACITY_BUCKETS,
-    RolloutConfig,
-    load_config,
+from otel_rollout.activity import EngineActivity, meter_observers
+from otel_rollout.attributes import (
+    base_attributes,
+    describe_error,
+    engine_attributes,
+    metric_attribute_sets,
+    request_span_attributes,
+    step_span_attributes,
 )
+from otel_rollout.config import RolloutConfig, load_config
 from otel_rollout.context import current_step, step_number
 from otel_rollout.emitter import PACE_WAIT_S, Emitter, Pacer
 from otel_rollout.guard import LogOnce
+from otel_rollout.ids import PresetIds, preset_tracer
+from otel_rollout.instruments import RequestInstruments, StepInstruments
 from otel_rollout.sdk import drain_before_provider_flush
 from otel_rollout.semconv import (
     BATCH_SPAN_NAME,
     EVENT_FIRST_TOKEN,
-    METRIC_ACTIVE,
-    METRIC_ENGINE_BUSY_TIME,
-    METRIC_ENGINE_IDLE_TIME,
     METRIC_TELEMETRY_DROPPED,
     ROLLOUT_BATCH_SIZE,
-    ROLLOUT_CACHED_TOKENS,
     ROLLOUT_DROP_REASON,
-    ROLLOUT_FINISH_REASON,
-    ROLLOUT_QUEUE_TIME,
-    ROLLOUT_STATISTIC,
     ROLLOUT_STEP,
     ROLLOUT_STEP_ATTRIBUTE_PREFIX,
-    ROLLOUT_TIMING_SOURCE,
-    ROLLOUT_TTFT,
-    STEP_ATTR_IDLE_CAPACITY,
-    STEP_ATTR_LATENCY_MAX,
-    STEP_ATTR_LATENCY_P50,
-    STEP_ATTR_LATENCY_P90,
-    STEP_ATTR_OUTPUT_TOKENS_MAX,
-    STEP_ATTR_OUTPUT_TOKENS_P50,
-    STEP_ATTR_OUTPUT_TOKENS_P90,
-    STEP_ATTR_PEAK_ACTIVE,
-    STEP_ATTR_TAIL_DURATION,
-    STEP_ATTR_TAIL_FRACTION,
-    STEP_DURATION,
-    STEP_IDLE_CAPACITY,
-    STEP_IDLE_FRACTION,
     STEP_MISSING_CALLS,
-    STEP_OUTPUT_TOKENS,
     STEP_PARTIAL,
     STEP_REQUESTS,
     STEP_SPAN_NAME,
-    STEP_STRAGGLER_RATIO,
-    STEP_TAIL_DURATION,
-    STEP_TAIL_REQUESTS,
-    STEP_TRUNCATION_RATIO,
 )
 from otel_rollout.version import __version__
 
@@ -86,166 +64,8 @@ if TYPE_CHECKING:
     from otel_rollout.record import RequestRecord
 
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
-_FRACTION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 _NO_SPAN = otel_context.Context()
 """The context of points whose span was given up at exit: no exemplar names a span that never was."""
-_COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
-
-
-class EngineActivity:
-    """In-flight count of one engine, and how long it has spent busy (≥1 request) or idle.
-
-    Fully-async rollouts have no step boundaries, so idleness is exposed as two monotonic
-    counters; ``rate(idle) / (rate(idle) + rate(busy))`` is the idle ratio. The in-flight count
-    per operation feeds the observable ``rollout.requests.active``: a request pays a lock and a
-    clock read here instead of two SDK measurements.
-    """
-
-    __slots__ = ("active", "by_operation", "busy_ns", "idle_ns", "_since", "_lock")
-
-    def __init__(self) -> None:
-        self.active = 0
-        self.by_operation: dict[str, int] = {}
-        self.busy_ns = 0
-        self.idle_ns = 0
-        self._since = time.monotonic_ns()
-        self._lock = threading.Lock()
-
-    def change(self, delta: int, operation: str = "") -> None:
-        with self._lock:
-            self._accrue(time.monotonic_ns())
-            self.active = max(0, self.active + delta)
-            ops = self.by_operation
-            ops[operation] = max(0, ops.get(operation, 0) + delta)
-
-    def totals(self) -> tuple[float, float]:
-        with self._lock:
-            self._accrue(time.monotonic_ns())
-            return self.busy_ns / 1e9, self.idle_ns / 1e9
-
-    def operations(self) -> list[tuple[str, int]]:
-        with self._lock:
-            return list(self.by_operation.items())
-
-    def _accrue(self, now: int) -> None:
-        if self.active > 0:
-            self.busy_ns += now - self._since
-        else:
-            self.idle_ns += now - self._since
-        self._since = now
-
-
-class _MeterObservers:
-    """The observable instruments of one meter, reporting for every :class:`Telemetry` on it.
-
-    The SDK keeps the first observable instrument of a name on a meter and ignores a second
-    one's callbacks, so instruments registered per ``Telemetry`` would leave all but the first
-    emitter on a shared meter unreported. They are registered once per meter instead, and their
-    callbacks sum over the meter's members (same attributes from two members add up).
-    """
-
-    def __init__(self, meter: Meter) -> None:
-        self.members: weakref.WeakSet[Telemetry] = weakref.WeakSet()
-        meter.create_observable_up_down_counter(
-            METRIC_ACTIVE,
-            callbacks=[self._active],
-            unit="{request}",
-            description="Requests in flight in the engine now.",
-        )
-        meter.create_observable_counter(
-            METRIC_ENGINE_BUSY_TIME,
-            callbacks=[self._busy],
-            unit="s",
-            description="Time the engine had at least one request in flight.",
-        )
-        meter.create_observable_counter(
-            METRIC_ENGINE_IDLE_TIME,
-            callbacks=[self._idle],
-            unit="s",
-            description="Time the engine had no request in flight.",
-        )
-
-    def _sum(self, values: Iterator[tuple[dict[str, str], float]]) -> Iterator[Observation]:
-        totals: dict[frozenset[tuple[str, str]], tuple[dict[str, str], float]] = {}
-        for attrs, value in values:
-            key = frozenset(attrs.items())
-            seen = totals.get(key)
-            totals[key] = (attrs, value + (seen[1] if seen else 0))
-        for attrs, value in totals.values():
-            yield Observation(value, attrs)
-
-    def _active(self, options: CallbackOptions) -> Iterator[Observation]:
-        return self._sum(
-            (t._base_attributes(model, op), n)
-            for t in list(self.members)
-            for model, activity in list(t._engines.items())
-            for op, n in activity.operations()
-        )
-
-    def _busy(self, options: CallbackOptions) -> Iterator[Observation]:
-        return self._sum(
-            (t._engine_attributes(model), activity.totals()[0])
-            for t in list(self.members)
-            for model, activity in list(t._engines.items())
-        )
-
-    def _idle(self, options: CallbackOptions) -> Iterator[Observation]:
-        return self._sum(
-            (t._engine_attributes(model), activity.totals()[1])
-            for t in list(self.members)
-            for model, activity in list(t._engines.items())
-        )
-
-
-_OBSERVERS: dict[int, tuple[Meter, _MeterObservers]] = {}
-_OBSERVERS_LOCK = threading.Lock()
-
-
-def _observers(meter: Meter) -> _MeterObservers:
-    """The meter's shared observable instruments, registered on its first Telemetry."""
-    with _OBSERVERS_LOCK:
-        entry = _OBSERVERS.get(id(meter))
-        if entry is None or entry[0] is not meter:
-            entry = (meter, _MeterObservers(meter))  # the meter is kept: its id stays unique
-            _OBSERVERS[id(meter)] = entry
-        return entry[1]
-
-
-class _PresetIds:
-    """An id generator for the emitter's tracer that returns the ids the caller already chose.
-
-    A request's trace and span ids are drawn on the caller's thread, when its record is handed
-    over, so the step analysis, reports and Ray step reports have them at once — without waiting
-    for the background emitter to make the span. The emitter thread sets them right before it
-    starts the span; anything else falls through to the provider's own generator.
-    """
-
-    __slots__ = ("inner", "trace_id", "span_id")
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.trace_id = 0
-        self.span_id = 0
-
-    def generate_span_id(self) -> int:
-        return self.span_id or int(self.inner.generate_span_id())
-
-    def generate_trace_id(self) -> int:
-        return self.trace_id or int(self.inner.generate_trace_id())
-
-    def is_trace_id_random(self) -> bool:
-        return bool(self.inner.is_trace_id_random())
-
-
-def _preset_tracer(tracer: Tracer) -> tuple[Tracer, _PresetIds | None]:
-    """A copy of an SDK tracer (same provider, scope, processors) whose ids can be preset."""
-    inner = getattr(tracer, "id_generator", None)
-    if inner is None or not callable(getattr(inner, "generate_span_id", None)):
-        return tracer, None  # not an SDK tracer (no-op, proxy): ids are set at emission
-    clone = copy.copy(tracer)
-    preset = _PresetIds(inner)
-    clone.id_generator = preset  # type: ignore[attr-defined]
-    return clone, preset
 
 
 def _pace_every() -> int:
@@ -258,10 +78,11 @@ def _pace_every() -> int:
 
 
 class Telemetry:
-    """The one emitter: every span and instrument otel_rollout makes is made here.
+    """An engine's telemetry: its request spans, metric points, batch spans and in-flight state.
 
     One per instrumentor (one engine kind), on the providers that instrumentor was given; its
-    request instruments and its step instruments are created once, here, never per step.
+    request instruments are created once, here, never per request. Its steps go to the job's
+    :class:`StepTelemetry` on the same providers (:attr:`steps`).
 
     Request records are handed to a background :class:`~otel_rollout.emitter.Emitter` (unless
     ``OTEL_ROLLOUT_EMIT_QUEUE=0``): the caller pays for building the record, choosing its ids and
@@ -291,7 +112,7 @@ class Telemetry:
         self._scope = scope
         self._engines: dict[str, EngineActivity] = {}
         self._engines_lock = threading.Lock()
-        self._request_tracer, self._preset = _preset_tracer(tracer)
+        self._request_tracer, self._preset = preset_tracer(tracer)
         self._emitter: Emitter | None = None
         self._inline_pacer: Pacer | None = None
         self._emitter_lock = threading.Lock()
@@ -299,45 +120,8 @@ class Telemetry:
             tuple[str, str, str | None, str | None],
             tuple[dict[str, str], dict[str, str], dict[str, str]],
         ] = {}
-        lat = config.latency_buckets
-        self.duration = meter.create_histogram(
-            gen_ai_metrics.GEN_AI_SERVER_REQUEST_DURATION,
-            unit="s",
-            description="Generate request latency, arrival to last token, in the engine.",
-            explicit_bucket_boundaries_advisory=lat,
-        )
-        self.ttft = meter.create_histogram(
-            gen_ai_metrics.GEN_AI_SERVER_TIME_TO_FIRST_TOKEN,
-            unit="s",
-            description="Arrival to first output token.",
-            explicit_bucket_boundaries_advisory=config.ttft_buckets,
-        )
-        self.tpot = meter.create_histogram(
-            gen_ai_metrics.GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN,
-            unit="s",
-            description="Decode time per output token after the first.",
-            explicit_bucket_boundaries_advisory=config.tpot_buckets,
-        )
-        self.tokens = meter.create_histogram(
-            gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE,
-            unit="{token}",
-            description="Input and output tokens per request; output is the response length.",
-            explicit_bucket_boundaries_advisory=config.token_buckets,
-        )
-        self.queue_time = meter.create_histogram(
-            ROLLOUT_QUEUE_TIME,
-            unit="s",
-            description="Arrival until the scheduler first ran it.",
-            explicit_bucket_boundaries_advisory=lat,
-        )
-        self.dropped = meter.create_counter(
-            METRIC_TELEMETRY_DROPPED,
-            unit="{record}",
-            description="Request records whose spans were never made because the background "
-            "emitter's queue was full (OTEL_ROLLOUT_EMIT_QUEUE); their metric points were "
-            "recorded in the caller.",
-        )
-        _observers(meter).members.add(self)
+        self.instruments = RequestInstruments(meter, config)
+        meter_observers(meter).members.add(self)
 
     @property
     def steps(self) -> StepTelemetry:
@@ -369,18 +153,12 @@ class Telemetry:
         with self.log.guard("in-flight accounting"):
             self._engine(model).change(-count, operation)
 
-    def _engine_attributes(self, model: str, provider: str | None = None) -> dict[str, str]:
-        return {
-            GenAI.GEN_AI_PROVIDER_NAME: provider or self.provider,
-            GenAI.GEN_AI_REQUEST_MODEL: model,
-        }
+    def activities(self) -> list[tuple[str, EngineActivity]]:
+        """Each engine (model) this telemetry has seen, with its in-flight state."""
+        return list(self._engines.items())
 
     def _base_attributes(self, model: str, operation: str) -> dict[str, str]:
-        return {
-            GenAI.GEN_AI_PROVIDER_NAME: self.provider,
-            GenAI.GEN_AI_REQUEST_MODEL: model,
-            GenAI.GEN_AI_OPERATION_NAME: operation,
-        }
+        return base_attributes(self.provider, model, operation)
 
     # --- batches ----------------------------------------------------------------------------
 
@@ -457,7 +235,7 @@ class Telemetry:
         real = trace.get_tracer(
             self._scope, __version__, tracer_provider=provider, schema_url=SCHEMA_URL
         )
-        self._request_tracer, self._preset = _preset_tracer(real)
+        self._request_tracer, self._preset = preset_tracer(real)
 
     def _emit_inline(self, records: Sequence[RequestRecord], parent: Context) -> None:
         """``OTEL_ROLLOUT_EMIT_QUEUE=0`` (or a tracer whose ids cannot be preset): as it happens."""
@@ -532,7 +310,7 @@ class Telemetry:
     def _dropped(self, count: int) -> None:
         """The queue was full: count what is lost and say, once, which setting to raise."""
         with self.log.guard("dropped records"):
-            self.dropped.add(
+            self.instruments.dropped.add(
                 count,
                 {GenAI.GEN_AI_PROVIDER_NAME: self.provider, ROLLOUT_DROP_REASON: "queue_full"},
             )
@@ -557,7 +335,7 @@ class Telemetry:
         record: RequestRecord,
         parent: Context | None,
         tracer: Tracer,
-        preset: _PresetIds | None,
+        preset: PresetIds | None,
     ) -> None:
         if preset is not None:
             preset.trace_id, preset.span_id = record.trace_id, record.span_id
@@ -581,18 +359,13 @@ class Telemetry:
 
     def _record_points(self, record: RequestRecord, ctx: Context) -> None:
         """A request's metric points, in ``ctx`` (its span's: exemplars name it)."""
-        attrs, inputs, outputs = self._metric_attributes(record)
-        self.duration.record(record.duration_s, attrs, context=ctx)
-        if (ttft := record.ttft_s) is not None:
-            self.ttft.record(ttft, attrs, context=ctx)
-        if (tpot := record.tpot_s) is not None:
-            self.tpot.record(tpot, attrs, context=ctx)
-        if (queue := record.queue_time_s) is not None:
-            self.queue_time.record(queue, attrs, context=ctx)
-        if record.prompt_tokens is not None:
-            self.tokens.record(record.prompt_tokens, inputs, context=ctx)
-        if record.output_tokens is not None:
-            self.tokens.record(record.output_tokens, outputs, context=ctx)
+        self.instruments.record(record, self._metric_attributes(record), ctx)
+
+    def _span_attributes(self, record: RequestRecord, parent: Context | None) -> dict[str, Any]:
+        config = self.config
+        return request_span_attributes(
+            record, step_number(parent), config.capture_content, config.content_max_length
+        )
 
     def _metric_attributes(
         self, record: RequestRecord
@@ -600,186 +373,20 @@ class Telemetry:
         """A request's metric label sets, built once per label combination (labels are bounded:
         model, operation, finish reason, error type), not three dicts per request."""
         error = type(record.error).__qualname__ if record.error is not None else None
-        reason = record.finish_reason
-        key = (record.model, record.operation, reason, error)
+        key = (record.model, record.operation, record.finish_reason, error)
         cached = self._label_sets.get(key)
         if cached is None:
-            attrs = self._base_attributes(record.model, record.operation)
-            if reason is not None:
-                attrs[ROLLOUT_FINISH_REASON] = reason
-            if error is not None:
-                attrs[error_attributes.ERROR_TYPE] = error
-            cached = (
-                attrs,
-                {**attrs, GenAI.GEN_AI_TOKEN_TYPE: "input"},
-                {**attrs, GenAI.GEN_AI_TOKEN_TYPE: "output"},
-            )
+            cached = metric_attribute_sets(self.provider, record)
             if len(self._label_sets) < 4096:  # bounded even if error types are not
                 self._label_sets[key] = cached
         return cached
-
-    def _span_attributes(self, record: RequestRecord, parent: Context | None) -> dict[str, Any]:
-        attrs: dict[str, Any] = {
-            GenAI.GEN_AI_OPERATION_NAME: record.operation,
-            GenAI.GEN_AI_PROVIDER_NAME: record.provider,
-            GenAI.GEN_AI_REQUEST_MODEL: record.model,
-            ROLLOUT_TIMING_SOURCE: record.timing_source,
-        }
-        optional: tuple[tuple[str, object], ...] = (
-            (GenAI.GEN_AI_RESPONSE_ID, record.request_id),
-            (GenAI.GEN_AI_REQUEST_MAX_TOKENS, record.max_tokens),
-            (GenAI.GEN_AI_REQUEST_TEMPERATURE, record.temperature),
-            (GenAI.GEN_AI_REQUEST_TOP_P, record.top_p),
-            (GenAI.GEN_AI_REQUEST_CHOICE_COUNT, record.n),
-            (GenAI.GEN_AI_USAGE_INPUT_TOKENS, record.prompt_tokens),
-            (GenAI.GEN_AI_USAGE_OUTPUT_TOKENS, record.output_tokens),
-            (ROLLOUT_CACHED_TOKENS, record.cached_tokens),
-            (ROLLOUT_QUEUE_TIME, record.queue_time_s),
-            (ROLLOUT_TTFT, record.ttft_s),
-            (ROLLOUT_STEP, step_number(parent)),
-        )
-        for key, value in optional:
-            if value is not None:
-                attrs[key] = value
-        if record.finish_reasons:
-            attrs[GenAI.GEN_AI_RESPONSE_FINISH_REASONS] = list(record.finish_reasons)
-        if record.error is not None:
-            attrs[error_attributes.ERROR_TYPE] = type(record.error).__qualname__
-        if self.config.capture_content:
-            self._content_attributes(record, attrs)
-        return attrs
-
-    def _content_attributes(self, record: RequestRecord, attrs: dict[str, Any]) -> None:
-        limit = self.config.content_max_length
-        if record.prompt_text is not None:
-            attrs[GenAI.GEN_AI_INPUT_MESSAGES] = json.dumps(
-                [
-                    {
-                        "role": "user",
-                        "parts": [{"type": "text", "content": record.prompt_text[:limit]}],
-                    }
-                ]
-            )
-        if record.completion_texts:
-            reasons = record.finish_reasons
-            attrs[GenAI.GEN_AI_OUTPUT_MESSAGES] = json.dumps(
-                [
-                    {
-                        "role": "assistant",
-                        "parts": [{"type": "text", "content": text[:limit]}],
-                        "finish_reason": reasons[i] if i < len(reasons) else "",
-                    }
-                    for i, text in enumerate(record.completion_texts)
-                ]
-            )
-
-
-def _describe(error: BaseException) -> str:
-    text = str(error)
-    name = type(error).__qualname__
-    return f"{name}: {text[:256]}" if text else name
 
 
 def _mark_error(span: trace.Span, error: BaseException) -> None:
     """How request, batch and step spans all say they failed: ERROR status described as
     ``Type: message`` (message cut to 256 characters), and ``error.type``."""
-    span.set_status(Status(StatusCode.ERROR, _describe(error)))
+    span.set_status(Status(StatusCode.ERROR, describe_error(error)))
     span.set_attribute(error_attributes.ERROR_TYPE, type(error).__qualname__)
-
-
-def step_span_attributes(stats: StepStats) -> dict[str, float | int]:
-    """The step span's analytics attributes (names in README's step-span table)."""
-    return {
-        STEP_ATTR_TAIL_DURATION: stats.tail_duration_s,
-        STEP_TAIL_REQUESTS: stats.tail_requests,
-        STEP_ATTR_TAIL_FRACTION: stats.tail_fraction,
-        STEP_STRAGGLER_RATIO: stats.straggler_ratio,
-        STEP_ATTR_LATENCY_P50: stats.latency_p50_s,
-        STEP_ATTR_LATENCY_P90: stats.latency_p90_s,
-        STEP_ATTR_LATENCY_MAX: stats.latency_max_s,
-        STEP_ATTR_OUTPUT_TOKENS_P50: stats.output_tokens_p50,
-        STEP_ATTR_OUTPUT_TOKENS_P90: stats.output_tokens_p90,
-        STEP_ATTR_OUTPUT_TOKENS_MAX: stats.output_tokens_max,
-        STEP_TRUNCATION_RATIO: stats.truncation_ratio,
-        STEP_ATTR_IDLE_CAPACITY: stats.idle_capacity_s,
-        STEP_IDLE_FRACTION: stats.idle_fraction,
-        STEP_ATTR_PEAK_ACTIVE: stats.peak_active,
-    }
-
-
-class StepInstruments:
-    """The ``rollout.step.*`` histograms: one point per step, created once per emitter."""
-
-    def __init__(self, meter: Meter, config: RolloutConfig) -> None:
-        def hist(name: str, unit: str, buckets: Sequence[float], desc: str) -> metrics.Histogram:
-            return meter.create_histogram(
-                name, unit=unit, description=desc, explicit_bucket_boundaries_advisory=buckets
-            )
-
-        lat = config.latency_buckets
-        self.duration = hist(STEP_DURATION, "s", lat, "Wall time of a training step's scope.")
-        self.tail_duration = hist(
-            STEP_TAIL_DURATION,
-            "s",
-            lat,
-            "Time from the tail quantile of finishes to the last finish.",
-        )
-        self.tail_requests = hist(
-            STEP_TAIL_REQUESTS,
-            "{request}",
-            _COUNT_BUCKETS,
-            "Requests still running when the tail began.",
-        )
-        self.requests = hist(STEP_REQUESTS, "{request}", _COUNT_BUCKETS, "Requests in the step.")
-        self.straggler_ratio = hist(
-            STEP_STRAGGLER_RATIO,
-            "1",
-            DEFAULT_RATIO_BUCKETS,
-            "Slowest request latency over the median.",
-        )
-        self.truncation_ratio = hist(
-            STEP_TRUNCATION_RATIO,
-            "1",
-            _FRACTION_BUCKETS,
-            "Share of requests that stopped at max_tokens.",
-        )
-        self.idle_capacity = hist(
-            STEP_IDLE_CAPACITY,
-            "s",
-            IDLE_CAPACITY_BUCKETS,
-            "Request-seconds of in-flight capacity left unused during the rollout window.",
-        )
-        self.idle_fraction = hist(
-            STEP_IDLE_FRACTION,
-            "1",
-            _FRACTION_BUCKETS,
-            "Idle capacity as a share of peak in-flight × window.",
-        )
-        self.output_tokens = hist(
-            STEP_OUTPUT_TOKENS,
-            "{token}",
-            config.token_buckets,
-            "Per-step response length statistics.",
-        )
-
-    def record(self, stats: StepStats, attrs: dict[str, str], ctx: Context) -> None:
-        for instrument, value in (
-            (self.duration, stats.duration_s),
-            (self.tail_duration, stats.tail_duration_s),
-            (self.tail_requests, stats.tail_requests),
-            (self.requests, stats.requests),
-            (self.straggler_ratio, stats.straggler_ratio),
-            (self.truncation_ratio, stats.truncation_ratio),
-            (self.idle_capacity, stats.idle_capacity_s),
-            (self.idle_fraction, stats.idle_fraction),
-        ):
-            instrument.record(value, attrs, context=ctx)
-        for stat, tokens in (
-            ("max", stats.output_tokens_max),
-            ("p50", stats.output_tokens_p50),
-            ("p90", stats.output_tokens_p90),
-        ):
-            self.output_tokens.record(tokens, {**attrs, ROLLOUT_STATISTIC: stat}, context=ctx)
 
 
 class StepTelemetry:
@@ -839,10 +446,7 @@ class StepTelemetry:
                     span.set_attributes(step_span_attributes(stats))
                     self.step_instruments.record(
                         stats,
-                        {
-                            GenAI.GEN_AI_PROVIDER_NAME: first.provider,
-                            GenAI.GEN_AI_REQUEST_MODEL: first.model,
-                        },
+                        engine_attributes(first.provider, first.model),
                         trace.set_span_in_context(span),
                     )
         finally:
@@ -853,8 +457,8 @@ class StepTelemetry:
 # --- which emitter steps use -----------------------------------------------------------------
 
 STEP_SCOPE = "otel_rollout.steps"
-_EMITTERS: list[Telemetry] = []
-_EMITTERS_LOCK = threading.Lock()
+_ENGINES: list[Telemetry] = []
+_ENGINES_LOCK = threading.Lock()
 _STEPS: list[tuple[Any, Any, StepTelemetry]] = []
 """One StepTelemetry per (tracer provider, meter provider) pair; ``None`` = the global ones."""
 
@@ -890,21 +494,21 @@ def create_telemetry(
 
 def register(telemetry: Telemetry) -> None:
     """An instrumented engine: steps go to its providers (the most recently instrumented's)."""
-    with _EMITTERS_LOCK:
-        if telemetry in _EMITTERS:
-            _EMITTERS.remove(telemetry)
-        _EMITTERS.append(telemetry)
+    with _ENGINES_LOCK:
+        if telemetry in _ENGINES:
+            _ENGINES.remove(telemetry)
+        _ENGINES.append(telemetry)
 
 
 def unregister(telemetry: Telemetry) -> None:
-    with _EMITTERS_LOCK:
-        if telemetry in _EMITTERS:
-            _EMITTERS.remove(telemetry)
+    with _ENGINES_LOCK:
+        if telemetry in _ENGINES:
+            _ENGINES.remove(telemetry)
 
 
 def step_telemetry(tracer_provider: Any = None, meter_provider: Any = None) -> StepTelemetry:
     """The job's step telemetry on these providers (the global ones when ``None``)."""
-    with _EMITTERS_LOCK:
+    with _ENGINES_LOCK:
         for tp, mp, steps in _STEPS:
             if tp is tracer_provider and mp is meter_provider:
                 return steps
@@ -919,11 +523,11 @@ def step_telemetry(tracer_provider: Any = None, meter_provider: Any = None) -> S
         return steps
 
 
-def step_emitter() -> StepTelemetry:
+def job_step_telemetry() -> StepTelemetry:
     """Where steps go: the providers of the most recently instrumented engine, else the global
     ones (``rollout_step`` works without any instrumentor, as any OTel API user would)."""
-    with _EMITTERS_LOCK:
-        latest = _EMITTERS[-1] if _EMITTERS else None
+    with _ENGINES_LOCK:
+        latest = _ENGINES[-1] if _ENGINES else None
     if latest is not None:
         return latest.steps
     return step_telemetry()

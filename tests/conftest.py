@@ -1,7 +1,10 @@
 """Fixtures shared by every test: in-memory OTel pipeline, a real OTLP receiver, the tiny model.
 
 The OTel API allows one global tracer/meter provider per process, so they are installed once per
-session; each test starts from an empty span exporter and a fresh (delta) metric collection.
+session; each test starts from an empty span exporter and sees metric points relative to where
+they stood when it began (the reader is cumulative; ``_Delta`` subtracts the test's baseline).
+Also here: the vLLM fixtures every engine suite shares, and the session's process hygiene (the
+test process reaps what its tests left running).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from otel_rollout.guard import LogOnce
-from otel_rollout.instrumentation import LibraryInstrumentor, Target, should_observe
+from otel_rollout.instrumentation import LibraryInstrumentor, Target, argument, should_observe
 from otel_rollout.steps import StepScope, current_step, rollout_step
 
 _logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def step_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | None, 
     callers). Only an integral ``global_steps`` counts; ``validate`` (verl's validation rollouts
     reuse the step number they validate) becomes the ``rollout.step.validate`` attribute.
     """
-    batch = args[0] if args else kwargs.get("prompts", kwargs.get("batch"))
+    batch = argument(args, kwargs, 0, "prompts", "batch")
     meta = getattr(batch, "meta_info", None)
     if not isinstance(meta, dict):
         return None, {}

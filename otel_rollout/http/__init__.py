@@ -20,7 +20,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from otel_rollout.config import load_config
 from otel_rollout.guard import LogOnce
 from otel_rollout.http.adapter import ClientCall, stream_classes
-from otel_rollout.instrumentation import LibraryInstrumentor, Target, should_observe
+from otel_rollout.instrumentation import LibraryInstrumentor, Target, argument, should_observe
 
 __all__ = ["HTTPClientInstrumentor"]
 
@@ -57,7 +57,7 @@ class _HttpxLibrary(LibraryInstrumentor):
         if not should_observe():
             return None
         with self._log.guard("http client request"):
-            return ClientCall.start(args[0] if args else kwargs.get("request"), self._paths)
+            return ClientCall.start(argument(args, kwargs, 0, "request"), self._paths)
         return None
 
     def _received(self, call: ClientCall, response: Any, stream: bool, observed: type) -> None:

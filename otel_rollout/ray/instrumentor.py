@@ -39,7 +39,7 @@ from opentelemetry import trace
 
 from otel_rollout.context import current_step
 from otel_rollout.guard import LogOnce
-from otel_rollout.instrumentation import LibraryInstrumentor, Target
+from otel_rollout.instrumentation import LibraryInstrumentor, Target, argument
 from otel_rollout.propagation import inject_context
 from otel_rollout.ray.steps import (
     CALL_ID,
@@ -79,7 +79,7 @@ def _with_context(
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if not _worth_propagating() or getattr(handle, "_ray_is_cross_language", False):
         return args, kwargs
-    method = args[0] if args else kwargs.get("method_name")
+    method = argument(args, kwargs, 0, "method_name")
     signature = getattr(handle, "_ray_method_signatures", {}).get(method) or ()
     if not any(getattr(p, "name", None) == CTX_KWARG for p in signature):
         return args, kwargs  # a method Ray gave no context parameter (generators, Ray's own)
@@ -105,7 +105,7 @@ def class_wrapper(
     """``_inject_tracing_into_class(cls)``: after Ray, make each traced method continue the caller."""
     result = wrapped(*args, **kwargs)
     with _log.guard("ray actor class"):
-        cls = args[0] if args else kwargs.get("_cls")
+        cls = argument(args, kwargs, 0, "_cls")
         for name, method in inspect.getmembers(cls, inspect.isfunction):
             if getattr(method, "__ray_tracing_wrapped__", False) and not getattr(
                 method, _MARK, False

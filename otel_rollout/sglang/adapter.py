@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
-from otel_rollout.instrumentation import Wrapper, should_observe
+from otel_rollout.instrumentation import Wrapper, argument, should_observe
 from otel_rollout.propagation import server_context
 from otel_rollout.record import (
     Clock,
@@ -365,12 +365,12 @@ def generate_request_wrapper(telemetry: Telemetry) -> Wrapper:
     def wrapper(
         wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        obj = args[0] if args else kwargs.get("obj")
+        obj = argument(args, kwargs, 0, "obj")
         if obj is None or not should_observe() or not _is_generate(obj):
             return wrapped(*args, **kwargs)
         parent = otel_context.get_current()
         model, batch, expected = "unknown", None, 1
-        request = args[1] if len(args) > 1 else kwargs.get("request")
+        request = argument(args, kwargs, 1, "request")
         if request is not None:
             with telemetry.log.guard("sglang server context"):
                 parent = server_context(getattr(request, "headers", None), parent) or parent

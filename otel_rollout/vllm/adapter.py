@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
-from otel_rollout.instrumentation import Wrapper, observing, should_observe
+from otel_rollout.instrumentation import Wrapper, argument, observing, should_observe
 from otel_rollout.propagation import server_context
 from otel_rollout.record import (
     Clock,
@@ -145,9 +145,9 @@ def offline_wrapper(telemetry: Telemetry, operation: str) -> Wrapper:
         if not should_observe():
             return wrapped(*args, **kwargs)
         model = model_name(instance)
-        prompts = args[0] if args else kwargs.get("prompts", kwargs.get("messages"))
+        prompts = argument(args, kwargs, 0, "prompts", "messages")
         size = _batch_size(prompts, operation)
-        params = args[1] if len(args) > 1 else kwargs.get("sampling_params")
+        params = argument(args, kwargs, 1, "sampling_params")
         clock = Clock()
         start_ns = clock.now_ns()
         stats_on = bool(getattr(getattr(instance, "llm_engine", None), "log_stats", False))
@@ -232,10 +232,10 @@ def add_request_wrapper(telemetry: Telemetry) -> Wrapper:
         times: StepTimes | None = otel_context.get_value(_STEP_TIMES)  # type: ignore[assignment]
         if times is not None:
             with telemetry.log.guard("vllm engine loop (add_request)"):
-                request = args[0] if args else kwargs.get("request")
+                request = argument(args, kwargs, 0, "request")
                 # vLLM <= 0.12 has no external_req_id: an n > 1 sample is registered as
                 # "<i>_<id>" with its parent request, whose id is the one the output carries.
-                parent = args[2] if len(args) > 2 else kwargs.get("parent_req")
+                parent = argument(args, kwargs, 2, "parent_req")
                 rid = getattr(request, "request_id", None)
                 if rid is not None:
                     external = (
@@ -261,8 +261,8 @@ def process_outputs_wrapper(telemetry: Telemetry) -> Wrapper:
         times: StepTimes | None = otel_context.get_value(_STEP_TIMES)  # type: ignore[assignment]
         if times is not None:
             with telemetry.log.guard("vllm engine loop (process_outputs)"):
-                outputs = args[0] if args else kwargs.get("engine_core_outputs", ())
-                ts = args[1] if len(args) > 1 else kwargs.get("engine_core_timestamp")
+                outputs = argument(args, kwargs, 0, "engine_core_outputs", default=())
+                ts = argument(args, kwargs, 1, "engine_core_timestamp")
                 now = ts if ts is not None else time.monotonic()
                 first, finish, external = times.first, times.finish, times.external
                 for out in outputs:
@@ -383,8 +383,8 @@ def async_generate_wrapper(telemetry: Telemetry) -> Wrapper:
             kwargs = {**kwargs, "trace_headers": carrier}
         stream = wrapped(*args, **kwargs)
         model = model_name(instance)
-        params = args[1] if len(args) > 1 else kwargs.get("sampling_params")
-        request_id = args[2] if len(args) > 2 else kwargs.get("request_id")
+        params = argument(args, kwargs, 1, "sampling_params")
+        request_id = argument(args, kwargs, 2, "request_id")
         observer = AsyncRequest(telemetry, model, request_id, params, otel_context.get_current())
         telemetry.requests_started(model, "text_completion")
         return ObservedAsyncStream(stream, observer)
@@ -449,7 +449,7 @@ def server_headers_wrapper(telemetry: Telemetry) -> Wrapper:
     ) -> Any:
         if should_observe():
             with telemetry.log.guard("vllm server context"):
-                ctx = server_context(args[0] if args else kwargs.get("headers"))
+                ctx = server_context(argument(args, kwargs, 0, "headers"))
                 if ctx is not None:
                     otel_context.attach(ctx)
         return wrapped(*args, **kwargs)

@@ -73,6 +73,18 @@ def test_analysis_and_reports_do_not_touch_the_sdk() -> None:
         assert "otel_rollout.telemetry" not in text, relative
 
 
+def test_attribute_builders_are_pure() -> None:
+    """What a span or point carries is decided without tracers, meters or context: only the
+    semantic-convention names come from OpenTelemetry."""
+    tree = ast.parse((PACKAGE / "attributes.py").read_text())
+    otel = {
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and "opentelemetry" in node.module
+    }
+    assert otel and all(m.startswith("opentelemetry.semconv") for m in otel), otel
+
+
 def test_importing_the_package_and_instrumenting_loads_no_engine() -> None:
     """Instrumentors patch engines when the program imports them; they never import one."""
     code = (

@@ -218,21 +218,21 @@ def test_steps_come_out_under_the_steps_scope_not_an_engines(otel: OTelHarness) 
     import importlib.util
 
     from otel_rollout import SGLangInstrumentor, VLLMInstrumentor
-    from otel_rollout.telemetry import _EMITTERS, STEP_SCOPE, step_emitter
+    from otel_rollout.telemetry import _ENGINES, STEP_SCOPE, job_step_telemetry
 
     if importlib.util.find_spec("vllm") or importlib.util.find_spec("sglang"):
         pytest.skip("needs an environment without the engines (the core one)")
-    before = list(_EMITTERS)
+    before = list(_ENGINES)
     vllm, sglang = VLLMInstrumentor(), SGLangInstrumentor()
     vllm.instrument()
     sglang.instrument()
     try:
-        assert _EMITTERS == before  # an engine that is not installed registers nothing
+        assert _ENGINES == before  # an engine that is not installed registers nothing
         with StepScope(11):
             pass
         step = next(s for s in otel.finished_spans() if s.name == "rollout.step")
         assert step.instrumentation_scope.name == STEP_SCOPE
-        assert step_emitter().tracer is not None
+        assert job_step_telemetry().tracer is not None
     finally:
         sglang.uninstrument()
         vllm.uninstrument()

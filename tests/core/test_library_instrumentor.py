@@ -116,3 +116,13 @@ def test_version_tuple_reads_versions_like_pip(
     from otel_rollout.instrumentation import version_tuple
 
     assert version_tuple(version) == release
+
+
+def test_argument_reads_a_call_as_the_signature_allows() -> None:
+    from otel_rollout.instrumentation import argument
+
+    assert argument(("p", "s"), {}, 1, "sampling_params") == "s"
+    assert argument(("p",), {"sampling_params": "s"}, 1, "sampling_params") == "s"
+    assert argument((), {"messages": "m"}, 0, "prompts", "messages") == "m"
+    assert argument((), {"prompts": None, "messages": "m"}, 0, "prompts", "messages") is None
+    assert argument((), {}, 0, "engine_core_outputs", default=()) == ()

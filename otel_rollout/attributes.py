@@ -1,0 +1,160 @@
+"""Pure attribute builders: a request record or a step's figures → span and metric attributes.
+
+No tracer, meter or context here (the step number is passed in), so what a span or a point will
+carry can be unit-tested from hand-built records. :mod:`otel_rollout.telemetry` calls these and
+does the emitting.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as GenAI
+from opentelemetry.semconv.attributes import error_attributes
+
+from otel_rollout.semconv import (
+    ROLLOUT_CACHED_TOKENS,
+    ROLLOUT_FINISH_REASON,
+    ROLLOUT_QUEUE_TIME,
+    ROLLOUT_STEP,
+    ROLLOUT_TIMING_SOURCE,
+    ROLLOUT_TTFT,
+    STEP_ATTR_IDLE_CAPACITY,
+    STEP_ATTR_LATENCY_MAX,
+    STEP_ATTR_LATENCY_P50,
+    STEP_ATTR_LATENCY_P90,
+    STEP_ATTR_OUTPUT_TOKENS_MAX,
+    STEP_ATTR_OUTPUT_TOKENS_P50,
+    STEP_ATTR_OUTPUT_TOKENS_P90,
+    STEP_ATTR_PEAK_ACTIVE,
+    STEP_ATTR_TAIL_DURATION,
+    STEP_ATTR_TAIL_FRACTION,
+    STEP_IDLE_FRACTION,
+    STEP_STRAGGLER_RATIO,
+    STEP_TAIL_REQUESTS,
+    STEP_TRUNCATION_RATIO,
+)
+
+if TYPE_CHECKING:
+    from otel_rollout.analysis import StepStats
+    from otel_rollout.record import RequestRecord
+
+ERROR_MESSAGE_MAX = 256
+"""Characters of an exception's message kept in a span's status description."""
+
+
+def describe_error(error: BaseException) -> str:
+    """How every span of ours describes a failure: ``Type: message`` (message cut short)."""
+    text = str(error)
+    name = type(error).__qualname__
+    return f"{name}: {text[:ERROR_MESSAGE_MAX]}" if text else name
+
+
+def engine_attributes(provider: str, model: str) -> dict[str, str]:
+    """The labels of per-engine figures (in-flight time, step metrics)."""
+    return {GenAI.GEN_AI_PROVIDER_NAME: provider, GenAI.GEN_AI_REQUEST_MODEL: model}
+
+
+def base_attributes(provider: str, model: str, operation: str) -> dict[str, str]:
+    """The labels every request figure and the batch span carry."""
+    return {
+        GenAI.GEN_AI_PROVIDER_NAME: provider,
+        GenAI.GEN_AI_REQUEST_MODEL: model,
+        GenAI.GEN_AI_OPERATION_NAME: operation,
+    }
+
+
+def metric_attribute_sets(
+    provider: str, record: RequestRecord
+) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """A request's metric labels: (all figures, input tokens, output tokens). Bounded: model,
+    operation, finish reason and error type — never a request id or prompt text."""
+    attrs = base_attributes(provider, record.model, record.operation)
+    reason = record.finish_reason
+    if reason is not None:
+        attrs[ROLLOUT_FINISH_REASON] = reason
+    if record.error is not None:
+        attrs[error_attributes.ERROR_TYPE] = type(record.error).__qualname__
+    return (
+        attrs,
+        {**attrs, GenAI.GEN_AI_TOKEN_TYPE: "input"},
+        {**attrs, GenAI.GEN_AI_TOKEN_TYPE: "output"},
+    )
+
+
+def request_span_attributes(
+    record: RequestRecord, step: int | None, capture_content: bool, content_max_length: int
+) -> dict[str, Any]:
+    """A request span's attributes (README's request-span table); content only on opt-in."""
+    attrs: dict[str, Any] = {
+        GenAI.GEN_AI_OPERATION_NAME: record.operation,
+        GenAI.GEN_AI_PROVIDER_NAME: record.provider,
+        GenAI.GEN_AI_REQUEST_MODEL: record.model,
+        ROLLOUT_TIMING_SOURCE: record.timing_source,
+    }
+    optional: tuple[tuple[str, object], ...] = (
+        (GenAI.GEN_AI_RESPONSE_ID, record.request_id),
+        (GenAI.GEN_AI_REQUEST_MAX_TOKENS, record.max_tokens),
+        (GenAI.GEN_AI_REQUEST_TEMPERATURE, record.temperature),
+        (GenAI.GEN_AI_REQUEST_TOP_P, record.top_p),
+        (GenAI.GEN_AI_REQUEST_CHOICE_COUNT, record.n),
+        (GenAI.GEN_AI_USAGE_INPUT_TOKENS, record.prompt_tokens),
+        (GenAI.GEN_AI_USAGE_OUTPUT_TOKENS, record.output_tokens),
+        (ROLLOUT_CACHED_TOKENS, record.cached_tokens),
+        (ROLLOUT_QUEUE_TIME, record.queue_time_s),
+        (ROLLOUT_TTFT, record.ttft_s),
+        (ROLLOUT_STEP, step),
+    )
+    for key, value in optional:
+        if value is not None:
+            attrs[key] = value
+    if record.finish_reasons:
+        attrs[GenAI.GEN_AI_RESPONSE_FINISH_REASONS] = list(record.finish_reasons)
+    if record.error is not None:
+        attrs[error_attributes.ERROR_TYPE] = type(record.error).__qualname__
+    if capture_content:
+        attrs.update(content_attributes(record, content_max_length))
+    return attrs
+
+
+def content_attributes(record: RequestRecord, limit: int) -> dict[str, str]:
+    """Prompt and response text as GenAI messages, each text cut to ``limit`` characters."""
+    attrs: dict[str, str] = {}
+    if record.prompt_text is not None:
+        attrs[GenAI.GEN_AI_INPUT_MESSAGES] = json.dumps(
+            [{"role": "user", "parts": [{"type": "text", "content": record.prompt_text[:limit]}]}]
+        )
+    if record.completion_texts:
+        reasons = record.finish_reasons
+        attrs[GenAI.GEN_AI_OUTPUT_MESSAGES] = json.dumps(
+            [
+                {
+                    "role": "assistant",
+                    "parts": [{"type": "text", "content": text[:limit]}],
+                    "finish_reason": reasons[i] if i < len(reasons) else "",
+                }
+                for i, text in enumerate(record.completion_texts)
+            ]
+        )
+    return attrs
+
+
+def step_span_attributes(stats: StepStats) -> dict[str, float | int]:
+    """The step span's analytics attributes (names in README's step-span table)."""
+    return {
+        STEP_ATTR_TAIL_DURATION: stats.tail_duration_s,
+        STEP_TAIL_REQUESTS: stats.tail_requests,
+        STEP_ATTR_TAIL_FRACTION: stats.tail_fraction,
+        STEP_STRAGGLER_RATIO: stats.straggler_ratio,
+        STEP_ATTR_LATENCY_P50: stats.latency_p50_s,
+        STEP_ATTR_LATENCY_P90: stats.latency_p90_s,
+        STEP_ATTR_LATENCY_MAX: stats.latency_max_s,
+        STEP_ATTR_OUTPUT_TOKENS_P50: stats.output_tokens_p50,
+        STEP_ATTR_OUTPUT_TOKENS_P90: stats.output_tokens_p90,
+        STEP_ATTR_OUTPUT_TOKENS_MAX: stats.output_tokens_max,
+        STEP_TRUNCATION_RATIO: stats.truncation_ratio,
+        STEP_ATTR_IDLE_CAPACITY: stats.idle_capacity_s,
+        STEP_IDLE_FRACTION: stats.idle_fraction,
+        STEP_ATTR_PEAK_ACTIVE: stats.peak_active,
+    }

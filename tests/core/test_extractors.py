@@ -1,0 +1,118 @@
+"""Engine objects → ``RequestRecord``, engine-free: vLLM's translation on hand-built outputs.
+
+The real-engine suites check the same translation against vLLM itself; these pin down every
+timing source and shape (stats on, engine-step times, observed; ``n > 1``; no prompt ids) in
+milliseconds, on objects shaped as vLLM 0.32's ``RequestOutput`` / ``RequestStateStats`` /
+``CompletionOutput`` (stand-ins built here, named as such: the core environment has no vLLM).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from otel_rollout.record import Clock
+from otel_rollout.vllm.adapter import StepTimes, record_from_output
+
+WALL0 = 1_700_000_000.0  # the request's arrival, wall clock (s)
+MONO0 = 5_000.0  # the same moment on the monotonic clock the engine stamps with (s)
+
+
+def choice(tokens: int, reason: str | None = "length", text: str = "t") -> Any:
+    return SimpleNamespace(token_ids=list(range(tokens)), finish_reason=reason, text=text)
+
+
+def output(rid: str = "r1", choices: list[Any] | None = None, stats: Any = None) -> Any:
+    return SimpleNamespace(
+        request_id=rid,
+        outputs=choices if choices is not None else [choice(8)],
+        prompt_token_ids=[1, 2, 3],
+        num_cached_tokens=2,
+        metrics=stats,
+        prompt="hello",
+    )
+
+
+def engine_stats(generated: int = 8) -> Any:
+    """``RequestStateStats``: arrival on the wall clock, the rest on the monotonic clock."""
+    return SimpleNamespace(
+        arrival_time=WALL0,
+        queued_ts=MONO0 + 0.01,
+        scheduled_ts=MONO0 + 0.25,
+        first_token_ts=MONO0 + 0.75,
+        last_token_ts=MONO0 + 2.75,
+        num_generation_tokens=generated,
+    )
+
+
+class FixedClock(Clock):
+    """A clock whose monotonic MONO0 is wall WALL0, so expected times are exact."""
+
+    def __init__(self) -> None:
+        self._offset_ns = int(WALL0 * 1e9) - int(MONO0 * 1e9)
+
+
+def translate(out: Any, times: StepTimes | None = None, **kw: Any) -> Any:
+    fallback = int((WALL0 + 100) * 1e9)
+    return record_from_output(
+        out, "text_completion", "m", FixedClock(), fallback, fallback + 10**9, times, False, **kw
+    )
+
+
+def test_engine_stats_give_the_engines_own_timeline() -> None:
+    rec = translate(output(stats=engine_stats()))
+    assert rec.timing_source == "engine"
+    assert rec.arrival_ns == int(WALL0 * 1e9)
+    assert rec.queue_time_s == pytest.approx(0.25, abs=1e-6)
+    assert rec.ttft_s == pytest.approx(0.75, abs=1e-6)
+    assert rec.duration_s == pytest.approx(2.75, abs=1e-6)
+    assert (rec.prompt_tokens, rec.output_tokens, rec.cached_tokens) == (3, 8, 2)
+    assert rec.finish_reasons == ("length",)
+
+
+def test_engine_step_times_when_stats_are_off() -> None:
+    times = StepTimes()
+    times.arrival["r1"] = WALL0
+    times.first["r1"] = MONO0 + 0.5
+    times.finish["r1"] = MONO0 + 1.5
+    rec = translate(output(), times)
+    assert rec.timing_source == "engine_steps"
+    assert rec.ttft_s == pytest.approx(0.5, abs=1e-6)
+    assert rec.duration_s == pytest.approx(1.5, abs=1e-6)
+    assert rec.queue_time_s is None  # vLLM records no scheduling event with stats off
+    assert rec.output_tokens == 8
+
+
+def test_observed_when_the_engine_reported_nothing() -> None:
+    times = StepTimes()
+    times.arrival["r1"] = WALL0  # arrival seen, finish never: not the engine's timeline
+    rec = translate(output(), times)
+    assert rec.timing_source == "observed"
+    assert rec.duration_s == pytest.approx(1.0)
+    assert rec.first_token_ns is None
+
+
+def test_n_greater_than_one_counts_every_sample() -> None:
+    """With ``n > 1`` vLLM's stats are the last sample's: the record counts all samples."""
+    out = output(choices=[choice(4, "stop"), choice(9, "length")], stats=engine_stats(9))
+    rec = translate(out)
+    assert rec.output_tokens == 13
+    assert rec.finish_reasons == ("stop", "length")
+
+
+def test_unknown_and_missing_finish_reasons_stay_bounded() -> None:
+    rec = translate(output(choices=[choice(2, "weird_reason"), choice(1, None)]))
+    assert rec.finish_reasons == ("other",)
+
+
+def test_an_explicit_token_count_wins() -> None:
+    """Streams pass the tokens they counted (merged chunks): the stats are not asked again."""
+    assert translate(output(stats=engine_stats(8)), output_tokens=5).output_tokens == 5
+
+
+def test_no_prompt_ids_means_no_prompt_count() -> None:
+    out = output()
+    out.prompt_token_ids = None
+    assert translate(out).prompt_tokens is None
