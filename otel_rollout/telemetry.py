@@ -68,6 +68,15 @@ _NO_SPAN = otel_context.Context()
 """The context of points whose span was given up at exit: no exemplar names a span that never was."""
 
 
+def _instrument(name: str) -> Any:
+    """``Telemetry.<name>``: the request instrument of that name (read and replaced in place)."""
+    return property(
+        lambda self: getattr(self.instruments, name),
+        lambda self, value: setattr(self.instruments, name, value),
+        doc=f"The ``{name}`` instrument of :class:`~otel_rollout.instruments.RequestInstruments`.",
+    )
+
+
 def _pace_every() -> int:
     """Spans between two drains of the tracer provider: a quarter of the batch queue."""
     try:
@@ -122,6 +131,13 @@ class Telemetry:
         ] = {}
         self.instruments = RequestInstruments(meter, config)
         meter_observers(meter).members.add(self)
+
+    duration = _instrument("duration")
+    ttft = _instrument("ttft")
+    tpot = _instrument("tpot")
+    tokens = _instrument("tokens")
+    queue_time = _instrument("queue_time")
+    dropped = _instrument("dropped")
 
     @property
     def steps(self) -> StepTelemetry:

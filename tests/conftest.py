@@ -35,9 +35,17 @@ _AT_START: set[int] = set()
 
 
 def pytest_configure(config: Any) -> None:
-    """Orphans of what the tests start (Ray workers of a finished job) stay ours to end."""
+    """Orphans of what the tests start (Ray workers of a finished job) stay ours to end.
+
+    Ray starts its workers at nice 15 (``RAY_worker_niceness``): beside any normal-priority load
+    (other jobs on a shared CI machine, ``scripts/test --under-load``) they get a sliver of the
+    CPU, and an actor building a vLLM engine did not start in 300 s beside two busy processes.
+    The suite's clusters (in this process and in the jobs it starts, which inherit the
+    environment) run their workers at the priority of the test itself.
+    """
     become_subreaper()
     _AT_START.update(descendant_pids())
+    os.environ.setdefault("RAY_worker_niceness", "0")
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:

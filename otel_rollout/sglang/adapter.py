@@ -149,6 +149,39 @@ class BatchScope:
                 self._ctx.run(self._cm.__exit__, type(error), error, error.__traceback__)
 
 
+def timeline(
+    meta: Mapping[str, Any],
+    streamed: bool,
+    call_ns: int,
+    seen_ns: int | None,
+    first_seen_ns: int | None,
+    now_ns: int,
+    error: BaseException | None,
+) -> tuple[int, int, int | None, int | None, str]:
+    """(arrival, finish, first token, scheduled, timing source) in epoch ns, from a request's
+    final ``meta_info`` and what the stream observed (see the module doc for each source).
+
+    ``call_ns``: when ``generate_request`` was called; ``seen_ns``: when the request's last chunk
+    was seen; ``first_seen_ns``: its first token as the stream saw it (streamed requests).
+    """
+    e2e = _seconds_ns(meta.get("e2e_latency"))
+    received = Clock.from_wall(meta.get("request_received_ts"))
+    if error is None and e2e is not None and received is not None:
+        first_latency = _seconds_ns(meta.get("first_token_latency"))
+        return (
+            received,
+            received + e2e,
+            None if first_latency is None else received + first_latency,
+            Clock.from_wall(meta.get("forward_entry_time")),
+            "engine",
+        )
+    if error is None and e2e is not None:
+        sent = None if streamed else Clock.from_wall(meta.get("response_sent_to_client_ts"))
+        finish = sent or seen_ns or now_ns
+        return finish - e2e, finish, first_seen_ns, None, "engine_latency"
+    return call_ns, now_ns, first_seen_ns, None, "observed"
+
+
 # --- one generate_request call --------------------------------------------------------------
 
 
@@ -270,7 +303,9 @@ class RequestGroup:
     def _record(self, index: int, state: _Request, error: BaseException | None) -> RequestRecord:
         meta = state.meta
         now = self.clock.now_ns()
-        arrival, finish, first, scheduled, source = self._timeline(state, now, error)
+        arrival, finish, first, scheduled, source = timeline(
+            meta, self.streamed, self.start_ns, state.seen_ns, state.first_ns, now, error
+        )
         reason = normalize_finish_reason(meta.get("finish_reason"))
         record = RequestRecord(
             provider=PROVIDER,
@@ -290,33 +325,6 @@ class RequestGroup:
         )
         self._fill_request(record, index, state)
         return record
-
-    def _timeline(
-        self,
-        state: _Request,
-        now: int,
-        error: BaseException | None,
-    ) -> tuple[int, int, int | None, int | None, str]:
-        """(arrival, finish, first token, scheduled, source) in epoch ns; see the module doc."""
-        meta = state.meta
-        e2e = _seconds_ns(meta.get("e2e_latency"))
-        received = Clock.from_wall(meta.get("request_received_ts"))
-        if error is None and e2e is not None and received is not None:
-            first_latency = _seconds_ns(meta.get("first_token_latency"))
-            return (
-                received,
-                received + e2e,
-                None if first_latency is None else received + first_latency,
-                Clock.from_wall(meta.get("forward_entry_time")),
-                "engine",
-            )
-        if error is None and e2e is not None:
-            sent = (
-                None if self.streamed else Clock.from_wall(meta.get("response_sent_to_client_ts"))
-            )
-            finish = sent or state.seen_ns or now
-            return finish - e2e, finish, state.first_ns, None, "engine_latency"
-        return self.start_ns, now, state.first_ns, None, "observed"
 
     def _rid(self, index: int) -> str | None:
         rids = getattr(self.obj, "rid", None)

@@ -1,9 +1,11 @@
-"""Engine objects → ``RequestRecord``, engine-free: vLLM's translation on hand-built outputs.
+"""Engine objects → ``RequestRecord``, engine-free: vLLM's and SGLang's translation.
 
-The real-engine suites check the same translation against vLLM itself; these pin down every
-timing source and shape (stats on, engine-step times, observed; ``n > 1``; no prompt ids) in
+The real-engine suites check the same translation against the engines themselves; these pin
+down every timing source and shape (stats on, engine-step times, observed; ``n > 1``; no prompt
+ids; SGLang's ``meta_info`` with and without ``enable_metrics``, streamed or not, failed) in
 milliseconds, on objects shaped as vLLM 0.32's ``RequestOutput`` / ``RequestStateStats`` /
-``CompletionOutput`` (stand-ins built here, named as such: the core environment has no vLLM).
+``CompletionOutput`` and SGLang 0.5.23's ``meta_info`` (stand-ins built here, named as such: the
+core environment has neither engine).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import pytest
 
 from otel_rollout.record import Clock
+from otel_rollout.sglang.adapter import timeline
 from otel_rollout.vllm.adapter import StepTimes, record_from_output
 
 WALL0 = 1_700_000_000.0  # the request's arrival, wall clock (s)
@@ -116,3 +119,67 @@ def test_no_prompt_ids_means_no_prompt_count() -> None:
     out = output()
     out.prompt_token_ids = None
     assert translate(out).prompt_tokens is None
+
+
+# --- SGLang: meta_info → timeline ---------------------------------------------------------------
+
+NS = 10**9
+CALL, SEEN, FIRST, NOW = 100 * NS, 103 * NS, 101 * NS, 104 * NS  # what the stream observed
+
+
+def test_sglang_enable_metrics_is_the_engines_own_timeline() -> None:
+    meta = {
+        "request_received_ts": 50.0,
+        "e2e_latency": 2.5,
+        "first_token_latency": 0.5,
+        "forward_entry_time": 50.25,
+    }
+    assert timeline(meta, False, CALL, SEEN, None, NOW, None) == (
+        50 * NS,
+        52_500_000_000,
+        50_500_000_000,
+        50_250_000_000,
+        "engine",
+    )
+
+
+def test_sglang_default_places_e2e_latency_at_the_response_it_was_sent_with() -> None:
+    meta = {"e2e_latency": 2.0, "response_sent_to_client_ts": 60.0}
+    arrival, finish, first, scheduled, source = timeline(meta, False, CALL, SEEN, None, NOW, None)
+    assert (arrival, finish, first, scheduled, source) == (
+        58 * NS,
+        60 * NS,
+        None,
+        None,
+        "engine_latency",
+    )
+
+
+def test_sglang_default_streamed_ends_when_the_last_chunk_was_seen() -> None:
+    """A stream's ``response_sent_to_client_ts`` is its first chunk's: the finish is when the
+    final chunk was seen; the first token is the first chunk's stamp."""
+    meta = {"e2e_latency": 2.0, "response_sent_to_client_ts": 60.0}
+    assert timeline(meta, True, CALL, SEEN, FIRST, NOW, None) == (
+        SEEN - 2 * NS,
+        SEEN,
+        FIRST,
+        None,
+        "engine_latency",
+    )
+
+
+@pytest.mark.parametrize(
+    "meta, error",
+    [
+        ({}, None),  # no latency reported: nothing of the engine's to use
+        ({"e2e_latency": 2.0, "request_received_ts": 50.0}, RuntimeError("engine failed")),
+    ],
+)
+def test_sglang_observed_when_failed_or_unreported(meta: dict[str, Any], error: Any) -> None:
+    assert timeline(meta, True, CALL, SEEN, FIRST, NOW, error) == (
+        CALL,
+        NOW,
+        FIRST,
+        None,
+        "observed",
+    )

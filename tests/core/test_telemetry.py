@@ -341,7 +341,7 @@ def test_broken_instrument_is_logged_once_and_not_raised(
     otel, make_telemetry, model, caplog
 ) -> None:
     telemetry = make_telemetry()
-    telemetry.instruments.duration = _BrokenHistogram()  # FAULT INJECTION
+    telemetry.duration = _BrokenHistogram()  # FAULT INJECTION
     with caplog.at_level("WARNING", logger="otel_rollout"):
         for i in range(5):
             telemetry.emit(make_record(model, request_id=f"r{i}"))

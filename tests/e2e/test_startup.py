@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from testkit.processes import run_reaped
+
 pytestmark = pytest.mark.vllm
 BIN = Path(sys.executable).parent
 
@@ -51,7 +53,7 @@ def _ray_start(instrumented: bool) -> tuple[bool, float, str]:
     prefix = [str(BIN / "opentelemetry-instrument")] if instrumented else []
     started = time.monotonic()
     try:
-        out = subprocess.run(
+        out = run_reaped(
             [*prefix, sys.executable, "-c", code],
             env=_env(),
             capture_output=True,
