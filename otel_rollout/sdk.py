@@ -154,7 +154,7 @@ def _drain_first(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dic
         _logger.debug("otel_rollout: emitter flush before provider flush failed", exc_info=True)
     if args or "timeout_millis" in kwargs:
         left = max(0.0, float(timeout_ms) - (time.monotonic() - started) * 1000)
-        kwargs = {**kwargs, "timeout_millis": left}
+        kwargs = {**kwargs, "timeout_millis": int(left)}
         args = ()
     return wrapped(*args, **kwargs)
 

@@ -97,3 +97,15 @@ def test_shutdown_of_the_providers_delivers_every_request(model: str) -> None:
     tp.shutdown()
     assert len(spans.get_finished_spans()) == CALLS * PER_CALL
     assert points.duration_count() == CALLS * PER_CALL
+
+
+def test_a_timeout_given_positionally_is_kept(model: str) -> None:
+    """``force_flush(5000)``: the time the emitter took is taken off the provider's own wait."""
+    tp, mp, spans, points = _pipeline(batch=True)
+    telemetry = create_telemetry("vllm", tp, mp)
+    _generate(telemetry, model, [PER_CALL])
+    assert tp.force_flush(5000) and mp.force_flush(5000)
+    assert len(spans.get_finished_spans()) == PER_CALL
+    assert points.duration_count() == PER_CALL
+    tp.shutdown()
+    mp.shutdown()
