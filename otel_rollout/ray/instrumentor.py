@@ -43,7 +43,6 @@ from otel_rollout.instrumentation import LibraryInstrumentor, Target, argument
 from otel_rollout.propagation import inject_context
 from otel_rollout.ray.steps import (
     CALL_ID,
-    LOCAL,
     RayStepChannel,
     call_started,
     remote_call,
@@ -221,16 +220,15 @@ def init_wrapper(
 ) -> Any:
     """``ray.init``: give the job's workers the driver's telemetry settings and set-up hook.
 
-    The job's step collector is started here too, not at the first step: its worker process
-    takes seconds to start on a busy node, and started with the first step it would hold that
-    step's end (its reports queue to it) — here its start overlaps the job's own set-up.
+    The job's step collector is not started here but at its first step: it is a worker process
+    of its own (seconds on a busy node), and a Ray job that never opens a step must not pay for
+    it — measured, starting it here doubled ``ray.init`` + one task on this 2-core machine
+    (``tests/e2e/test_startup.py``). Started with the first step, its start overlaps that step's
+    requests; the step's end waits for it (``COLLECTOR_START_S``).
     """
     with _log.guard("ray.init runtime_env"):
         kwargs = {**kwargs, "runtime_env": _job_runtime_env(kwargs.get("runtime_env"))}
-    result = wrapped(*args, **kwargs)
-    with _log.guard("ray step collector"):
-        LOCAL.handle(create=True)
-    return result
+    return wrapped(*args, **kwargs)
 
 
 def _job_runtime_env(given: Any) -> Any:
