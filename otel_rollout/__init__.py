@@ -7,6 +7,7 @@ from typing import Any
 
 from otel_rollout.analysis import StepStats
 from otel_rollout.context import current_step
+from otel_rollout.phases import rollout_phase
 from otel_rollout.steps import rollout_step, set_step
 from otel_rollout.version import __version__
 
@@ -16,6 +17,7 @@ __all__ = [
     "VLLMInstrumentor",
     "__version__",
     "current_step",
+    "rollout_phase",
     "rollout_step",
     "set_step",
 ]

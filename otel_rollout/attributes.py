@@ -8,6 +8,7 @@ does the emitting.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as GenAI
@@ -28,8 +29,11 @@ from otel_rollout.semconv import (
     STEP_ATTR_OUTPUT_TOKENS_P50,
     STEP_ATTR_OUTPUT_TOKENS_P90,
     STEP_ATTR_PEAK_ACTIVE,
+    STEP_ATTR_PHASE_PREFIX,
+    STEP_ATTR_PHASE_SUFFIX,
     STEP_ATTR_TAIL_DURATION,
     STEP_ATTR_TAIL_FRACTION,
+    STEP_ATTR_UNACCOUNTED,
     STEP_IDLE_FRACTION,
     STEP_STRAGGLER_RATIO,
     STEP_TAIL_REQUESTS,
@@ -158,3 +162,19 @@ def step_span_attributes(stats: StepStats) -> dict[str, float | int]:
         STEP_IDLE_FRACTION: stats.idle_fraction,
         STEP_ATTR_PEAK_ACTIVE: stats.peak_active,
     }
+
+
+def step_phase_attributes(phases: Mapping[str, float], duration_s: float) -> dict[str, float]:
+    """Each top-level phase's total seconds in the step, and the seconds none of them covered.
+
+    ``phases`` are totals per name (a name timed twice in one step is summed, as verl's own
+    ``timing_raw`` does); nothing is reported for a step without phases.
+    """
+    if not phases:
+        return {}
+    attrs = {
+        f"{STEP_ATTR_PHASE_PREFIX}{name}{STEP_ATTR_PHASE_SUFFIX}": round(seconds, 6)
+        for name, seconds in phases.items()
+    }
+    attrs[STEP_ATTR_UNACCOUNTED] = round(max(0.0, duration_s - sum(phases.values())), 6)
+    return attrs

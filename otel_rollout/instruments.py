@@ -24,6 +24,7 @@ from otel_rollout.semconv import (
     STEP_IDLE_CAPACITY,
     STEP_IDLE_FRACTION,
     STEP_OUTPUT_TOKENS,
+    STEP_PHASE_DURATION,
     STEP_REQUESTS,
     STEP_STRAGGLER_RATIO,
     STEP_TAIL_DURATION,
@@ -159,6 +160,12 @@ class StepInstruments:
             "{token}",
             config.token_buckets,
             "Per-step response length statistics.",
+        )
+        self.phase_duration = hist(
+            STEP_PHASE_DURATION,
+            "s",
+            lat,
+            "Wall time of one phase of a training step (reward, log-probs, update, weight sync, …).",
         )
 
     def record(self, stats: StepStats, attrs: dict[str, str], ctx: Context) -> None:

@@ -64,6 +64,21 @@ STEP_PARTIAL = "rollout.step.partial"
 """True on a step some of whose remote calls never reported their requests (figures are partial)."""
 STEP_MISSING_CALLS = "rollout.step.missing_calls"
 
+# --- step phases (otel_rollout.phases) -------------------------------------------------------
+PHASE_SPAN_NAME = "rollout.phase"
+PHASE_NAME = "rollout.phase.name"
+"""The phase's name: on its span, and the one label of ``rollout.step.phase.duration`` (bounded)."""
+PHASE_FRAMEWORK = "rollout.phase.framework"
+"""The framework whose own timer the phase came from (``verl``); absent for ``rollout_phase``."""
+PHASE_FRAMEWORK_NAME = "rollout.phase.framework_name"
+"""That framework's own name for the phase (verl's ``marked_timer`` name: ``old_log_prob``, …)."""
+STEP_PHASE_DURATION = "rollout.step.phase.duration"
+STEP_ATTR_PHASE_PREFIX = "rollout.step.phase."
+"""``rollout.step.phase.<name>.duration_s`` on the step span: that phase's total in the step."""
+STEP_ATTR_PHASE_SUFFIX = ".duration_s"
+STEP_ATTR_UNACCOUNTED = "rollout.step.unaccounted_s"
+"""Step seconds no top-level phase covered (the step's duration minus its phases' totals)."""
+
 # --- baggage ---------------------------------------------------------------------------------
 BAGGAGE_STEP_KEY = "rollout.step.key"
 """An open step's unique key, so requests in other processes can be reported back to it."""

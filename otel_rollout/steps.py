@@ -126,6 +126,8 @@ class StepScope:
         self.stats: StepStats | None = None
         self.partial = False
         """True when some process the step reached did not report its requests in time."""
+        self.phases: dict[str, float] = {}
+        """Seconds per top-level phase of the step (:mod:`otel_rollout.phases`), summed by name."""
 
     # --- collection -------------------------------------------------------------------------
 
@@ -133,16 +135,23 @@ class StepScope:
         with self._lock:
             self._records.append(record)
 
+    def add_phase(self, name: str, seconds: float) -> None:
+        """A phase directly under this step ended (:class:`otel_rollout.phases.PhaseScope`)."""
+        with self._lock:
+            self.phases[name] = self.phases.get(name, 0.0) + seconds
+
     # --- context manager ----------------------------------------------------------------------
 
     def __enter__(self) -> StepScope:
+        # One instant for the span's start and the step's duration: the span is the scope.
+        self._started, start_ns = time.monotonic(), time.time_ns()
         if self._config is None:
             self._config = load_config(warn=False)
         telemetry = self._telemetry or job_step_telemetry()
         self._telemetry = telemetry
         ctx: Context = otel_context.get_current()
         with telemetry.log.guard("step span"):
-            self._span = telemetry.start_step(self.step, self.attributes)
+            self._span = telemetry.start_step(self.step, self.attributes, start_ns)
             ctx = trace.set_span_in_context(self._span, ctx)
         ctx = with_step(self, ctx)
         for channel in list(_CHANNELS):
@@ -150,13 +159,13 @@ class StepScope:
                 ctx = channel.open(self, ctx)
                 self._channels.append(channel)
         self._token = otel_context.attach(ctx)
-        self._started = time.monotonic()
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
     ) -> None:
-        duration = time.monotonic() - self._started
+        # the span ends here, not after the remote reports came in
+        duration, ended_ns = time.monotonic() - self._started, time.time_ns()
         if self._token is not None:
             otel_context.detach(self._token)  # type: ignore[arg-type]
             self._token = None
@@ -190,6 +199,9 @@ class StepScope:
                 exc,
                 records[0] if records else None,
                 missing_calls=missing,
+                phases=dict(self.phases),
+                duration_s=duration,
+                end_ns=ended_ns,
             )
             self._span = None
         if stats is not None:

@@ -33,6 +33,7 @@ from otel_rollout.attributes import (
     engine_attributes,
     metric_attribute_sets,
     request_span_attributes,
+    step_phase_attributes,
     step_span_attributes,
 )
 from otel_rollout.config import RolloutConfig, load_config
@@ -46,6 +47,8 @@ from otel_rollout.semconv import (
     BATCH_SPAN_NAME,
     EVENT_FIRST_TOKEN,
     METRIC_TELEMETRY_DROPPED,
+    PHASE_NAME,
+    PHASE_SPAN_NAME,
     ROLLOUT_BATCH_SIZE,
     ROLLOUT_DROP_REASON,
     ROLLOUT_STEP,
@@ -426,15 +429,20 @@ class StepTelemetry:
             self._instruments = StepInstruments(self.meter, self.config)
         return self._instruments
 
-    def start_step(self, step: int | None, attributes: Mapping[str, Any]) -> trace.Span:
-        """The step span, started now in the current context; extra keys get the step prefix."""
+    def start_step(
+        self, step: int | None, attributes: Mapping[str, Any], start_ns: int | None = None
+    ) -> trace.Span:
+        """The step span in the current context, from ``start_ns`` (now); extra keys get the step
+        prefix."""
         attrs = {
             k if k.startswith("rollout.") else ROLLOUT_STEP_ATTRIBUTE_PREFIX + k: v
             for k, v in attributes.items()
         }
         if step is not None:
             attrs[ROLLOUT_STEP] = step
-        return self.tracer.start_span(STEP_SPAN_NAME, kind=SpanKind.INTERNAL, attributes=attrs)
+        return self.tracer.start_span(
+            STEP_SPAN_NAME, kind=SpanKind.INTERNAL, attributes=attrs, start_time=start_ns
+        )
 
     def finish_step(
         self,
@@ -444,18 +452,25 @@ class StepTelemetry:
         error: BaseException | None,
         first: RequestRecord | None,
         missing_calls: int = 0,
+        phases: Mapping[str, float] | None = None,
+        duration_s: float = 0.0,
+        end_ns: int | None = None,
     ) -> None:
         """Put a step's analysis on its span and into the step metrics, then end the span.
 
         ``first`` is one of the step's requests: its provider and model label the step's points.
         ``missing_calls`` remote calls never reported: the step is marked partial, and its
-        figures are over the ``requests`` that are known.
+        figures are over the ``requests`` that are known. ``phases``: the step's top-level phase
+        totals (:mod:`otel_rollout.phases`), put on the span with the time they left uncovered.
+        ``end_ns``: when the step's scope was left (what gathering its records took is not the
+        step's time).
         """
         try:
             with self.log.guard("step telemetry"):
                 if error is not None:
                     _mark_error(span, error)
                 span.set_attribute(STEP_REQUESTS, requests)
+                span.set_attributes(step_phase_attributes(phases or {}, duration_s))
                 if missing_calls:
                     span.set_attributes({STEP_PARTIAL: True, STEP_MISSING_CALLS: missing_calls})
                 if stats is not None and first is not None:
@@ -467,7 +482,36 @@ class StepTelemetry:
                     )
         finally:
             with self.log.guard("step span"):
-                span.end()
+                span.end(end_time=end_ns)
+
+    def start_phase(self, name: str, attributes: Mapping[str, Any], start_ns: int) -> trace.Span:
+        """A phase span (:mod:`otel_rollout.phases`) under the current span, from ``start_ns``."""
+        return self.tracer.start_span(
+            f"{PHASE_SPAN_NAME} {name}",
+            kind=SpanKind.INTERNAL,
+            attributes={**attributes, PHASE_NAME: name},
+            start_time=start_ns,
+        )
+
+    def finish_phase(
+        self,
+        span: trace.Span,
+        label: str,
+        seconds: float,
+        error: BaseException | None,
+        end_ns: int,
+    ) -> None:
+        """Record a phase's duration (``label``: its bounded metric label) and end its span."""
+        try:
+            with self.log.guard("phase telemetry"):
+                if error is not None:
+                    _mark_error(span, error)
+                self.step_instruments.phase_duration.record(
+                    seconds, {PHASE_NAME: label}, context=trace.set_span_in_context(span)
+                )
+        finally:
+            with self.log.guard("phase span"):
+                span.end(end_time=end_ns)
 
 
 # --- which emitter steps use -----------------------------------------------------------------

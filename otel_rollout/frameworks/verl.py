@@ -18,6 +18,19 @@ verl's modules are heavy to import (torch, ray, transformers: ~5 s here), and
 So nothing is imported up front: the patch is applied when the process itself imports verl's
 agent-loop module (a post-import hook), or at once when it already has.
 
+The whole training step comes from verl's own timers. verl times every phase of every step with
+``marked_timer(name, timing_raw)`` (``verl.utils.profiler``, re-exported by ``verl.utils.debug``;
+the numbers it logs as ``timing_s/<name>``). Wrapping it where it is defined — before any trainer
+binds it with ``from … import marked_timer`` — gives, on both trainer paths (the default v1
+``PPOTrainer`` and the legacy ``RayPPOTrainer``) and in recipes built on them:
+
+* ``marked_timer("step")`` → ``rollout_step(trainer.global_steps)``, read off the trainer that
+  opened the timer (``self.global_steps`` in verl's ``fit``): the training step's span, with every
+  request of the step inside it (the agent-loop hook then keeps that step);
+* every other timer inside a step → a phase (:mod:`otel_rollout.phases`) named in the common
+  vocabulary (:data:`VERL_PHASES`: ``gen`` → ``generation``, ``update_weights`` → ``weight_sync``,
+  …), verl's own name kept as ``rollout.phase.framework_name``.
+
 No legacy/SPMD boundary is wrapped: verl 0.9.1 retired the SPMD rollout (its vLLM
 ``ServerAdapter.generate_sequences`` raises ``NotImplementedError``); what remains
 (``HFRollout``, ``NaiveRollout``) generates with plain transformers, where no engine instrumentor
@@ -36,11 +49,30 @@ from typing import Any
 
 from otel_rollout.guard import LogOnce
 from otel_rollout.instrumentation import LibraryInstrumentor, Target, argument, should_observe
+from otel_rollout.phases import PhaseScope
 from otel_rollout.steps import StepScope, current_step, rollout_step
 
 _logger = logging.getLogger(__name__)
 
 AGENT_LOOP_MODULE = "verl.experimental.agent_loop.agent_loop"
+TIMER_MODULES = ("verl.utils.profiler", "verl.utils.debug")
+"""Where trainers import ``marked_timer`` from (``debug`` star-imports ``profiler``'s)."""
+STEP_TIMER = "step"
+VERL_PHASES = {
+    "gen": "generation",
+    "reward": "reward",
+    "old_log_prob": "old_log_prob",
+    "ref": "reference",
+    "values": "values",
+    "adv": "advantage",
+    "update_critic": "critic_update",
+    "update_actor": "actor_update",
+    "update_weights": "weight_sync",
+    "save_checkpoint": "checkpoint",
+    "testing": "validation",
+}
+"""verl's timer names → the phase vocabulary shared with ``rollout_phase`` users; a timer not
+listed keeps verl's name (verl's names are literals in its code: the set stays bounded)."""
 _log = LogOnce()
 
 
@@ -74,17 +106,24 @@ def step_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | None, 
 
 
 class GuardedStep:
-    """``rollout_step`` that can fail without failing verl: our errors are logged once and the
-    call goes on unobserved; verl's exception passes through untouched (never swallowed)."""
+    """``rollout_step`` (or a phase) that can fail without failing verl: our errors are logged
+    once and the call goes on unobserved; verl's exception passes through untouched."""
 
-    def __init__(self, step: int, attributes: dict[str, Any]) -> None:
+    def __init__(
+        self, step: int, attributes: dict[str, Any], phase: Callable[[], PhaseScope] | None = None
+    ) -> None:
         self.step = step
         self.attributes = attributes
-        self.scope: StepScope | None = None
+        self.phase = phase
+        self.scope: StepScope | PhaseScope | None = None
 
     def __enter__(self) -> GuardedStep:
         try:
-            scope = rollout_step(self.step, **self.attributes)
+            scope: StepScope | PhaseScope = (
+                self.phase()
+                if self.phase is not None
+                else rollout_step(self.step, **self.attributes)
+            )
             scope.__enter__()
         except Exception as exc:
             _warn_once("opening the rollout step", exc)
@@ -175,6 +214,75 @@ def generate_sequences_wrapper(
         return wrapped(*args, **kwargs)
 
 
+def _trainer_step(frame: FrameType | None) -> int | None:
+    """``self.global_steps`` of the trainer method that opened the timer (``frame``: its caller;
+    wrapt's own frames, present without its C extension, and a re-export's wrapper are skipped)."""
+    while frame is not None and (
+        str(frame.f_globals.get("__name__", "")).startswith("wrapt")
+        or frame.f_globals.get("__name__") == __name__
+    ):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    value = getattr(frame.f_locals.get("self"), "global_steps", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class _Timed:
+    """verl's timer inside our step or phase: ours opens first and closes last, so what verl
+    logs lies within the span; the timer's own result (and any exception) is verl's."""
+
+    def __init__(self, timer: Any, scope: GuardedStep) -> None:
+        self.timer = timer
+        self.scope = scope
+
+    def __enter__(self) -> Any:
+        self.scope.__enter__()
+        try:
+            return self.timer.__enter__()
+        except BaseException as exc:
+            self.scope.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Any:
+        try:
+            return self.timer.__exit__(exc_type, exc, tb)
+        finally:
+            self.scope.__exit__(exc_type, exc, tb)
+
+
+def _phase(name: str) -> Callable[[], PhaseScope]:
+    return lambda: PhaseScope(VERL_PHASES.get(name, name), framework="verl", framework_name=name)
+
+
+def marked_timer_wrapper(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """verl's ``marked_timer(name, timing_raw, …)``: the training step, or one of its phases."""
+    if getattr(wrapped, "_self_wrapper", None) is marked_timer_wrapper:
+        return wrapped(*args, **kwargs)  # a re-export of the wrapped timer: translated once
+    scope: GuardedStep | None = None
+    try:
+        name = argument(args, kwargs, 0, "name")
+        if should_observe() and isinstance(name, str):
+            if name == STEP_TIMER:
+                step = _trainer_step(sys._getframe(1))
+                if step is not None and current_step() is None:
+                    scope = GuardedStep(step, {})
+            elif current_step() is not None:
+                scope = GuardedStep(0, {}, phase=_phase(name))
+    except Exception as exc:
+        _warn_once("reading verl's timer", exc)
+        scope = None
+    timer = wrapped(*args, **kwargs)
+    return timer if scope is None else _Timed(timer, scope)
+
+
 class VerlInstrumentor(LibraryInstrumentor):
     """Puts each verl rollout call into the training step verl is on (``global_steps``)."""
 
@@ -187,5 +295,6 @@ class VerlInstrumentor(LibraryInstrumentor):
         return [
             Target(
                 AGENT_LOOP_MODULE, "AgentLoopManager.generate_sequences", generate_sequences_wrapper
-            )
+            ),
+            *(Target(module, "marked_timer", marked_timer_wrapper) for module in TIMER_MODULES),
         ]

@@ -92,7 +92,8 @@ SPAN_FLUSH_TIMEOUT_MS = 1000
 COLLECTOR_START_S = 60.0
 """How long a step's end waits for the job's collector to answer the first time: the actor is
 started with the job's first step (a worker process of its own, seconds on a busy node), and the
-reports of that step are queued to it, so its start is waited for rather than read as lost calls."""
+reports of that step are queued to it, so its start is waited for rather than read as lost calls;
+``OTEL_ROLLOUT_STEP_WAIT`` counts from its first answer."""
 FLUSH_INTERVAL_S = 0.02
 """How often an actor process sends what its finished calls collected: one report for many calls."""
 
@@ -237,9 +238,14 @@ class RayStepChannel:
         records: list[RequestRecord] = list(own.records)
         deadline = time.monotonic() + wait_s
         while True:
-            answer = max(1.0, wait_s) if LOCAL.collector_answered else COLLECTOR_START_S
+            starting = not LOCAL.collector_answered
+            answer = COLLECTOR_START_S if starting else max(1.0, wait_s)
             got, started, finished = ray.get(collector.drain.remote(key), timeout=answer)
             LOCAL.collector_answered = True
+            if starting:
+                # Reports queued while the collector started reach it only now: the wait for
+                # them starts when it can take them, not when the step ended.
+                deadline = time.monotonic() + wait_s
             records.extend(got)
             missing = len((own.started | started) - finished)
             if not missing or time.monotonic() >= deadline:

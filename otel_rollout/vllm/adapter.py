@@ -7,11 +7,14 @@ Timing exactness (see README): with engine stats on (``AsyncLLM`` default, or
 ``LLM(disable_log_stats=False)``) every timestamp is vLLM's own ``RequestStateStats``. A plain
 ``LLM()`` keeps stats off; then arrival is the engine's ``arrival_time``, and first token and
 finish are the engine-core timestamps of the step that produced them, read where the output
-processor handles each step — exact to one engine step; queue time is not available.
+processor handles each step — exact to one engine step; queue time is not available. ``AsyncLLM``
+with stats off (verl's server), and on vLLM 0.10–0.11 (which never fill ``RequestOutput.metrics``),
+is timed the same way: its output handler is the same output processor.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +23,14 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
-from otel_rollout.instrumentation import Wrapper, argument, observing, should_observe
+from otel_rollout.instrumentation import (
+    Wrapper,
+    argument,
+    module_version,
+    observing,
+    should_observe,
+    version_tuple,
+)
 from otel_rollout.propagation import server_context
 from otel_rollout.record import (
     Clock,
@@ -62,6 +72,46 @@ class StepTimes:
         self.arrival: dict[str, float] = {}
         self.first: dict[str, float] = {}
         self.finish: dict[str, float] = {}
+
+
+class AsyncStepTimes(StepTimes):
+    """Engine step times of the ``AsyncLLM`` requests that vLLM does not time itself.
+
+    ``AsyncLLM``'s output handler runs ``process_outputs`` in a task of its own, outside every
+    request's context, so a request is *watched* here by the caller's request id for as long as
+    its stream runs, and forgotten when it ends (however it ends): nothing outlives a stream.
+    Two streams in flight with the same caller id share one entry (vLLM allows it from 0.12:
+    it suffixes ids internally); their times then mix, and each span still gets a step bound.
+    """
+
+    __slots__ = ("watched", "engine_ids")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.watched: dict[str, int] = {}
+        self.engine_ids: dict[str, list[str]] = {}
+
+    def watch(self, rid: str) -> None:
+        self.watched[rid] = self.watched.get(rid, 0) + 1
+
+    def forget(self, rid: str) -> tuple[float | None, float | None, float | None]:
+        """Stop watching ``rid``: its (arrival wall time, first-token and finish step stamps)."""
+        left = self.watched.get(rid, 0) - 1
+        times = (self.arrival.get(rid), self.first.get(rid), self.finish.get(rid))
+        if left > 0:
+            self.watched[rid] = left
+            return times
+        self.watched.pop(rid, None)
+        for engine_id in self.engine_ids.pop(rid, ()):
+            self.external.pop(engine_id, None)
+        self.arrival.pop(rid, None)
+        self.first.pop(rid, None)
+        self.finish.pop(rid, None)
+        return times
+
+
+ASYNC_TIMES = AsyncStepTimes()
+"""The process's watched ``AsyncLLM`` requests (see :class:`AsyncStepTimes`)."""
 
 
 def _param(params: Any, index: int) -> Any:
@@ -150,8 +200,7 @@ def offline_wrapper(telemetry: Telemetry, operation: str) -> Wrapper:
         params = argument(args, kwargs, 1, "sampling_params")
         clock = Clock()
         start_ns = clock.now_ns()
-        stats_on = bool(getattr(getattr(instance, "llm_engine", None), "log_stats", False))
-        times = None if stats_on else StepTimes()
+        times = StepTimes() if untimed(getattr(instance, "llm_engine", None)) else None
         with batch_in_step(telemetry, model, operation, size) as batch_ctx:
             ctx = (
                 batch_ctx
@@ -230,7 +279,7 @@ def add_request_wrapper(telemetry: Telemetry) -> Wrapper:
         wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         times: StepTimes | None = otel_context.get_value(_STEP_TIMES)  # type: ignore[assignment]
-        if times is not None:
+        if times is not None or ASYNC_TIMES.watched:
             with telemetry.log.guard("vllm engine loop (add_request)"):
                 request = argument(args, kwargs, 0, "request")
                 # vLLM <= 0.12 has no external_req_id: an n > 1 sample is registered as
@@ -243,10 +292,14 @@ def add_request_wrapper(telemetry: Telemetry) -> Wrapper:
                         or getattr(parent, "request_id", None)
                         or rid
                     )
-                    times.external[rid] = external
-                    times.arrival.setdefault(
-                        external, getattr(request, "arrival_time", None) or time.time()
-                    )
+                    if times is None and external in ASYNC_TIMES.watched:
+                        times = ASYNC_TIMES
+                        ASYNC_TIMES.engine_ids.setdefault(external, []).append(rid)
+                    if times is not None:
+                        times.external[rid] = external
+                        times.arrival.setdefault(
+                            external, getattr(request, "arrival_time", None) or time.time()
+                        )
         return wrapped(*args, **kwargs)
 
     return wrapper
@@ -259,6 +312,8 @@ def process_outputs_wrapper(telemetry: Telemetry) -> Wrapper:
         wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         times: StepTimes | None = otel_context.get_value(_STEP_TIMES)  # type: ignore[assignment]
+        if times is None and ASYNC_TIMES.external:
+            times = ASYNC_TIMES  # AsyncLLM's output handler: no request's context here
         if times is not None:
             with telemetry.log.guard("vllm engine loop (process_outputs)"):
                 outputs = argument(args, kwargs, 0, "engine_core_outputs", default=())
@@ -297,10 +352,17 @@ class AsyncRequest:
         "last",
         "tokens",
         "delta",
+        "watched",
     )
 
     def __init__(
-        self, telemetry: Telemetry, model: str, request_id: str | None, params: Any, parent: Context
+        self,
+        telemetry: Telemetry,
+        model: str,
+        request_id: str | None,
+        params: Any,
+        parent: Context,
+        watched: bool = False,
     ) -> None:
         self.telemetry = telemetry
         self.model = model
@@ -314,6 +376,7 @@ class AsyncRequest:
         self.tokens: dict[int, int] = {}
         kind = getattr(params, "output_kind", None)
         self.delta = getattr(kind, "name", "") == "DELTA"
+        self.watched = watched  # in ASYNC_TIMES: the engine's step stamps are collected
 
     def item(self, output: Any) -> None:
         self.last = output
@@ -331,6 +394,14 @@ class AsyncRequest:
     def finish(self, error: BaseException | None) -> None:
         telemetry = self.telemetry
         telemetry.requests_ended(self.model, "text_completion")
+        try:
+            self._emit(error)
+        finally:
+            if self.watched and self.request_id is not None:
+                ASYNC_TIMES.forget(self.request_id)
+
+    def _emit(self, error: BaseException | None) -> None:
+        telemetry = self.telemetry
         with telemetry.log.guard("vllm stream"):
             now = self.clock.now_ns()
             if self.last is not None:
@@ -341,7 +412,7 @@ class AsyncRequest:
                     self.clock,
                     self.start_ns,
                     now,
-                    None,
+                    ASYNC_TIMES if self.watched else None,
                     telemetry.config.capture_content and not self.delta,
                     output_tokens=sum(self.tokens.values()) if self.tokens else None,
                 )
@@ -385,11 +456,29 @@ def async_generate_wrapper(telemetry: Telemetry) -> Wrapper:
         model = model_name(instance)
         params = argument(args, kwargs, 1, "sampling_params")
         request_id = argument(args, kwargs, 2, "request_id")
-        observer = AsyncRequest(telemetry, model, request_id, params, otel_context.get_current())
+        # The generator's body (and so the engine's add_request) runs at the first iteration.
+        watched = isinstance(request_id, str) and untimed(instance)
+        if watched:
+            ASYNC_TIMES.watch(request_id)
+        observer = AsyncRequest(
+            telemetry, model, request_id, params, otel_context.get_current(), watched
+        )
         telemetry.requests_started(model, "text_completion")
         return ObservedAsyncStream(stream, observer)
 
     return wrapper
+
+
+def untimed(engine: Any) -> bool:
+    """vLLM does not time this engine's requests: stats off (``LLM()``'s default, verl's
+    server), or vLLM 0.10–0.11, which never fill ``RequestOutput.metrics`` even with stats on."""
+    return not getattr(engine, "log_stats", False) or not _fills_metrics()
+
+
+@functools.cache
+def _fills_metrics() -> bool:
+    release = version_tuple(module_version("vllm") or "")
+    return release is None or release >= (0, 12)
 
 
 def _tracing_enabled(engine: Any) -> bool:

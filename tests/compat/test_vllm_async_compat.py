@@ -8,13 +8,14 @@ teardown (see testkit.engines.shutdown_async_llm).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from testkit.engines import VLLM_KWARGS, shutdown_async_llm
-from tests.compat.vllm_matrix import assert_engine_stamps, row, wall_offset_ns
+from tests.compat.vllm_matrix import MS, assert_engine_stamps, row, wall_offset_ns
 from tests.conftest import OTelHarness
 
 pytestmark = pytest.mark.vllm
@@ -55,26 +56,33 @@ def _stream(
     engine: Any,
     vllm_module: Any,
     loop: asyncio.AbstractEventLoop,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Two concurrent streams, 8 and 96 tokens: (last output, span) per request id."""
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, tuple[int, int]]]:
+    """Two concurrent streams, 8 and 96 tokens: (last output, span) per request id.
+
+    ``bounds`` (third): per request id, when its stream was opened and when the caller held its
+    last chunk (wall clock ns), the interval any engine-side time must lie within.
+    """
 
     async def one(rid: str, n: int) -> Any:
         last = None
         params = vllm_module.SamplingParams(max_tokens=n, ignore_eos=True)
+        sent_ns = time.time_ns()
         async for out in engine.generate(f"prompt {rid}", params, rid):
             last = out
+        bounds[rid] = (sent_ns, time.time_ns())
         return last
 
     async def both() -> list[Any]:
         return await asyncio.gather(one("short", 8), one("long", 96))
 
+    bounds: dict[str, tuple[int, int]] = {}
     outputs = {o.request_id: o for o in loop.run_until_complete(both())}
     spans = {
         s.attributes["gen_ai.response.id"]: s
         for s in otel.finished_spans()
         if s.attributes.get("gen_ai.provider.name") == "vllm"
     }
-    return outputs, spans
+    return outputs, spans, bounds
 
 
 def _xfail_gap(request: pytest.FixtureRequest, vllm_module: Any, config: str) -> None:
@@ -87,7 +95,7 @@ def test_counts_and_source(
     otel: OTelHarness, engine: tuple[str, Any], vllm_module: Any, loop: asyncio.AbstractEventLoop
 ) -> None:
     config, llm = engine
-    outputs, spans = _stream(otel, llm, vllm_module, loop)
+    outputs, spans, _ = _stream(otel, llm, vllm_module, loop)
     assert set(spans) == {"short", "long"}
     for rid, n in (("short", 8), ("long", 96)):
         assert len(outputs[rid].outputs[0].token_ids) == n
@@ -104,13 +112,22 @@ def test_span_times_are_the_engines_own(
     vllm_module: Any,
     loop: asyncio.AbstractEventLoop,
 ) -> None:
-    """Engine timing (stats on: RequestStateStats within 1 ms; off: engine step stamps)."""
+    """Engine timing (stats on: RequestStateStats within 1 ms; off: engine step stamps).
+
+    Engine step stamps are taken in the engine core when the step ends, before its outputs
+    travel to the caller: every span time lies between the caller's call and its last chunk,
+    and the first token is stamped no later than the finish.
+    """
     config, llm = engine
     _xfail_gap(request, vllm_module, config)
-    outputs, spans = _stream(otel, llm, vllm_module, loop)
+    outputs, spans, bounds = _stream(otel, llm, vllm_module, loop)
     for rid, output in outputs.items():
         span = spans[rid]
         assert span.attributes["rollout.timing.source"] in ("engine", "engine_steps")
+        (event,) = [e for e in span.events if e.name == "gen_ai.first_token"]
+        sent_ns, seen_ns = bounds[rid]
+        # MS: the span's clock converts monotonic stamps to wall time once, the test reads wall time
+        assert sent_ns - MS <= span.start_time <= event.timestamp <= span.end_time <= seen_ns + MS
         if output.metrics is not None:
             assert_engine_stamps(span, output.metrics, wall_offset_ns())
     assert spans["short"].end_time < spans["long"].end_time

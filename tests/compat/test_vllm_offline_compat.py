@@ -124,7 +124,7 @@ def test_span_times_are_the_engines_own(
     request: pytest.FixtureRequest, otel: OTelHarness, llm_stats: Any, vllm_module: Any, config: str
 ) -> None:
     """With stats on, every span time is vLLM's RequestStateStats, within 1 ms."""
-    _xfail_gap(request, vllm_module, config)
+    _xfail_gap(request, vllm_module, f"{config}:stats")
     outputs, by_id, _ = _run(otel, llm_stats, vllm_module, config)
     offset = wall_offset_ns()
     for output in outputs:

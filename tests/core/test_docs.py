@@ -22,9 +22,16 @@ from otel_rollout import semconv
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 _SETTING = re.compile(r"OTEL_ROLLOUT_[A-Z0-9_]*[A-Z0-9]")
-_DOTTED = re.compile(r"^[a-z][a-z0-9_]*(?:\.(?:[a-z0-9_]+|<key>))+$")
+_DOTTED = re.compile(r"^[a-z][a-z0-9_]*(?:\.(?:[a-z0-9_]+|<key>|<name>))+$")
 _NOT_EMITTED = {semconv.BAGGAGE_STEP_KEY}
 """semconv names that are not span or metric names: the baggage key an open step travels under."""
+_PHASE_TOTAL = f"{semconv.STEP_ATTR_PHASE_PREFIX}<name>{semconv.STEP_ATTR_PHASE_SUFFIX}"
+_TEMPLATES = {
+    f"{semconv.ROLLOUT_STEP_ATTRIBUTE_PREFIX}<key>": {semconv.ROLLOUT_STEP_ATTRIBUTE_PREFIX},
+    _PHASE_TOTAL: {semconv.STEP_ATTR_PHASE_PREFIX, semconv.STEP_ATTR_PHASE_SUFFIX},
+    f"{semconv.PHASE_SPAN_NAME} <name>": {semconv.PHASE_SPAN_NAME},
+}
+"""Names written with a placeholder in the README, and the semconv fragments they are built of."""
 
 
 def _names_in(paths: list[Path]) -> set[str]:
@@ -104,8 +111,8 @@ def test_every_name_in_the_emit_tables_is_emitted() -> None:
     emitted = _emitted()
     unknown = set()
     for name in names:
-        if name.endswith(".<key>"):
-            if name[: -len("<key>")] != semconv.ROLLOUT_STEP_ATTRIBUTE_PREFIX:
+        if "<" in name:
+            if name not in _TEMPLATES:
                 unknown.add(name)
         elif name not in emitted:
             unknown.add(name)
@@ -115,11 +122,8 @@ def test_every_name_in_the_emit_tables_is_emitted() -> None:
 def test_every_emitted_name_is_in_the_emit_section() -> None:
     section = _emit_section()
     documented = _names_in_tables(section) | {t for t in re.findall(r"`([^`]+)`", section)}
-    undocumented = {
-        n
-        for n in _emitted() - _NOT_EMITTED
-        if n not in documented and n != semconv.ROLLOUT_STEP_ATTRIBUTE_PREFIX
-    }
+    fragments = {f for t, parts in _TEMPLATES.items() if t in documented for f in parts}
+    undocumented = {n for n in _emitted() - _NOT_EMITTED if n not in documented | fragments}
     assert not undocumented, (
         f"emitted but missing from README's 'What it emits': {sorted(undocumented)}"
     )

@@ -10,6 +10,7 @@ core environment has neither engine).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,7 +18,14 @@ import pytest
 
 from otel_rollout.record import Clock
 from otel_rollout.sglang.adapter import timeline
-from otel_rollout.vllm.adapter import StepTimes, record_from_output
+from otel_rollout.telemetry import Telemetry
+from otel_rollout.vllm.adapter import (
+    ASYNC_TIMES,
+    StepTimes,
+    add_request_wrapper,
+    process_outputs_wrapper,
+    record_from_output,
+)
 
 WALL0 = 1_700_000_000.0  # the request's arrival, wall clock (s)
 MONO0 = 5_000.0  # the same moment on the monotonic clock the engine stamps with (s)
@@ -95,6 +103,62 @@ def test_observed_when_the_engine_reported_nothing() -> None:
     assert rec.timing_source == "observed"
     assert rec.duration_s == pytest.approx(1.0)
     assert rec.first_token_ns is None
+
+
+def _core_output(engine_id: str, tokens: int, finished: bool) -> Any:
+    """An ``EngineCoreOutput`` as vLLM's output handler passes it to ``process_outputs``."""
+    return SimpleNamespace(
+        request_id=engine_id, new_token_ids=[7] * tokens, finish_reason=1 if finished else None
+    )
+
+
+def test_async_requests_are_timed_by_engine_steps_and_leave_nothing(
+    make_telemetry: Callable[..., Telemetry],
+) -> None:
+    """``AsyncLLM`` with stats off: a watched request (n = 2: two engine ids, vLLM 0.32's
+    ``external_req_id``) gets the stamps of the step of its first token and of its last finish;
+    an unwatched one is not tracked; forgetting it leaves nothing behind."""
+    telemetry = make_telemetry()
+    add, process = add_request_wrapper(telemetry), process_outputs_wrapper(telemetry)
+
+    def engine(*args: Any, **kwargs: Any) -> str:
+        return "the engine's own result"
+
+    ASYNC_TIMES.watch("r1")
+    for engine_id in ("0_r1-a1", "1_r1-a1", "other-b2"):
+        external = engine_id.split("_")[-1].split("-")[0]
+        request = SimpleNamespace(
+            request_id=engine_id, external_req_id=external, arrival_time=WALL0
+        )
+        assert add(engine, None, (request, None, None, 0, None), {}) == "the engine's own result"
+    steps = [
+        ([_core_output("0_r1-a1", 1, False), _core_output("other-b2", 1, False)], MONO0 + 0.1),
+        ([_core_output("0_r1-a1", 1, True), _core_output("1_r1-a1", 1, False)], MONO0 + 0.5),
+        ([_core_output("1_r1-a1", 1, True), _core_output("other-b2", 1, True)], MONO0 + 0.9),
+    ]
+    for outputs, stamp in steps:
+        assert process(engine, None, (outputs, stamp, None), {}) == "the engine's own result"
+    assert "other" not in ASYNC_TIMES.arrival
+    rec = translate(output("r1", [choice(2), choice(2)]), ASYNC_TIMES)
+    assert rec.timing_source == "engine_steps"
+    assert rec.arrival_ns == int(WALL0 * 1e9)
+    assert rec.ttft_s == pytest.approx(0.1, abs=1e-6)
+    assert rec.duration_s == pytest.approx(0.9, abs=1e-6)
+    assert ASYNC_TIMES.forget("r1") == (WALL0, MONO0 + 0.1, MONO0 + 0.9)
+    assert not any(
+        (ASYNC_TIMES.watched, ASYNC_TIMES.external, ASYNC_TIMES.engine_ids, ASYNC_TIMES.arrival)
+    )
+    assert not (ASYNC_TIMES.first or ASYNC_TIMES.finish)
+
+
+def test_a_request_id_watched_twice_is_kept_until_both_end() -> None:
+    ASYNC_TIMES.watch("dup")
+    ASYNC_TIMES.watch("dup")
+    ASYNC_TIMES.arrival["dup"] = WALL0
+    assert ASYNC_TIMES.forget("dup") == (WALL0, None, None)
+    assert ASYNC_TIMES.watched == {"dup": 1}
+    ASYNC_TIMES.forget("dup")
+    assert not (ASYNC_TIMES.watched or ASYNC_TIMES.arrival)
 
 
 def test_n_greater_than_one_counts_every_sample() -> None:

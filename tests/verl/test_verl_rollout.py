@@ -186,3 +186,15 @@ def test_verl_requests_join_their_step(
             == tokens[number]
         )
         assert attr(step.attributes, "rollout.step.requests") == samples[number]
+
+
+def test_verl_server_requests_carry_the_engines_step_times(
+    verl_run: dict[str, Any], module_receiver: OTLPReceiver
+) -> None:
+    """verl builds ``AsyncLLM`` with stats off: the spans carry the engine core's step stamps
+    (issue #14), each first token inside its span, not the caller's clock."""
+    requests = request_spans(module_receiver)
+    assert {attr(s.attributes, "rollout.timing.source") for s in requests} == {"engine_steps"}
+    for span in requests:
+        (first,) = [e for e in span.events if e.name == "gen_ai.first_token"]
+        assert span.start_time_unix_nano <= first.time_unix_nano <= span.end_time_unix_nano

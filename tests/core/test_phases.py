@@ -1,0 +1,131 @@
+"""Step phases (``rollout_phase``): spans under the step, totals on it, one bounded metric."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from otel_rollout import phases, rollout_phase, rollout_step
+from otel_rollout.semconv import PHASE_NAME, STEP_PHASE_DURATION, STEP_SPAN_NAME
+from tests.conftest import OTelHarness
+
+
+def _by_name(otel: OTelHarness) -> dict[str, Any]:
+    return {s.name: s for s in otel.finished_spans()}
+
+
+def _labels(otel: OTelHarness) -> Counter[str]:
+    return Counter(
+        {
+            p.attributes[PHASE_NAME]: p.count
+            for p in otel.metric_points(STEP_PHASE_DURATION)
+            if p.count
+        }
+    )
+
+
+def test_phases_nest_under_the_step_and_split_its_time(otel: OTelHarness) -> None:
+    with rollout_step(7) as step:
+        with rollout_phase("reward") as reward:
+            time.sleep(0.05)
+        with rollout_phase("update") as update:
+            with rollout_phase("inner") as inner:
+                time.sleep(0.02)
+            time.sleep(0.02)
+        with rollout_phase("reward") as again:  # verl sums a name timed twice; so do we
+            time.sleep(0.01)
+        time.sleep(0.04)  # covered by no phase
+    spans = _by_name(otel)
+    step_span = spans[STEP_SPAN_NAME]
+    for name in ("rollout.phase update",):
+        assert spans[name].parent.span_id == step_span.context.span_id
+    assert (
+        spans["rollout.phase inner"].parent.span_id == spans["rollout.phase update"].context.span_id
+    )
+    assert {
+        s.attributes[PHASE_NAME] for s in spans.values() if s.name.startswith("rollout.phase")
+    } == {
+        "reward",
+        "update",
+        "inner",
+    }
+    attrs = step_span.attributes
+    assert reward.seconds is not None and again.seconds is not None and update.seconds is not None
+    assert attrs["rollout.step.phase.reward.duration_s"] == pytest.approx(
+        reward.seconds + again.seconds, abs=1e-5
+    )
+    assert attrs["rollout.step.phase.update.duration_s"] == pytest.approx(update.seconds, abs=1e-5)
+    assert "rollout.step.phase.inner.duration_s" not in attrs  # nested: inside update's total
+    assert inner.seconds is not None and inner.seconds < update.seconds
+    step_s = (step_span.end_time - step_span.start_time) / 1e9
+    covered = reward.seconds + again.seconds + update.seconds
+    assert attrs["rollout.step.unaccounted_s"] == pytest.approx(step_s - covered, abs=0.005)
+    assert attrs["rollout.step.unaccounted_s"] >= 0.04
+    assert step.phases.keys() == {"reward", "update"}
+    assert _labels(otel) == Counter({"reward": 2, "update": 1, "inner": 1})
+
+
+def test_the_wrapped_codes_exception_passes_through(otel: OTelHarness) -> None:
+    class Boom(Exception):
+        pass
+
+    error = Boom("verl's own")
+    with pytest.raises(Boom) as caught, rollout_step(1), rollout_phase("update_actor"):
+        raise error
+    assert caught.value is error
+    spans = _by_name(otel)
+    assert spans["rollout.phase update_actor"].status.is_ok is False
+    assert "rollout.step.phase.update_actor.duration_s" in spans[STEP_SPAN_NAME].attributes
+
+
+def test_async_and_decorator_forms(otel: OTelHarness) -> None:
+    @rollout_phase("reward")
+    async def score() -> str:
+        await asyncio.sleep(0.01)
+        return "scored"
+
+    @rollout_phase("advantage")
+    def advantage() -> int:
+        return 3
+
+    async def step() -> tuple[str, int]:
+        async with rollout_step(2):
+            async with rollout_phase("gen"):
+                await asyncio.sleep(0.01)
+            return await score(), advantage()
+
+    assert asyncio.run(step()) == ("scored", 3)
+    attrs = _by_name(otel)[STEP_SPAN_NAME].attributes
+    assert {k for k in attrs if k.startswith("rollout.step.phase.")} == {
+        "rollout.step.phase.gen.duration_s",
+        "rollout.step.phase.reward.duration_s",
+        "rollout.step.phase.advantage.duration_s",
+    }
+
+
+def test_a_phase_outside_a_step_is_a_span_and_a_point(otel: OTelHarness) -> None:
+    with rollout_phase("checkpoint"):
+        pass
+    (span,) = otel.finished_spans()
+    assert span.name == "rollout.phase checkpoint" and span.parent is None
+    assert _labels(otel) == Counter({"checkpoint": 1})
+
+
+def test_phase_names_stay_bounded(
+    otel: OTelHarness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(phases, "MAX_PHASE_NAMES", 2)
+    monkeypatch.setattr(phases, "_names", set())
+    with rollout_step(1):
+        for i in range(4):
+            with rollout_phase(f"reward_{i}"):
+                pass
+    assert _labels(otel) == Counter({"reward_0": 1, "reward_1": 1, "other": 2})
+    spans = [s for s in otel.finished_spans() if s.name.startswith("rollout.phase")]
+    assert sorted(s.attributes[PHASE_NAME] for s in spans) == [f"reward_{i}" for i in range(4)]
+    warnings = [r for r in caplog.records if "distinct phase names" in r.getMessage()]
+    assert len(warnings) == 1
