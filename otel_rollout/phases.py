@@ -17,17 +17,16 @@ them), and a failure of ours is logged once.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from otel_rollout.context import current_step
+from otel_rollout.decorating import each_call_in
 from otel_rollout.semconv import (
     PHASE_FRAMEWORK,
     PHASE_FRAMEWORK_NAME,
@@ -136,21 +135,7 @@ class PhaseScope:
         def scope() -> PhaseScope:
             return PhaseScope(template.name, telemetry=template._given, **template.attributes)
 
-        if inspect.iscoroutinefunction(func):
-
-            @functools.wraps(func)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                async with scope():
-                    return await func(*args, **kwargs)
-
-            return cast(F, async_wrapper)
-
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with scope():
-                return func(*args, **kwargs)
-
-        return cast(F, wrapper)
+        return each_call_in(func, scope)
 
 
 def rollout_phase(name: str, **attributes: Any) -> PhaseScope:

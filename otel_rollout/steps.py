@@ -18,15 +18,13 @@ exporter), call ``otel_rollout.sdk.force_flush()``; a normal exit drains the emi
 
 from __future__ import annotations
 
-import functools
-import inspect
 import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -35,6 +33,7 @@ from otel_rollout import reports
 from otel_rollout.analysis import StepStats, analyze
 from otel_rollout.config import RolloutConfig, load_config
 from otel_rollout.context import current_step, step_number, with_step
+from otel_rollout.decorating import each_call_in
 from otel_rollout.telemetry import StepTelemetry, Telemetry, job_step_telemetry
 
 if TYPE_CHECKING:
@@ -230,21 +229,7 @@ class StepScope:
                 step, config=template._config, telemetry=template._given, **template.attributes
             )
 
-        if inspect.iscoroutinefunction(func):
-
-            @functools.wraps(func)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                async with scope():
-                    return await func(*args, **kwargs)
-
-            return cast(F, async_wrapper)
-
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with scope():
-                return func(*args, **kwargs)
-
-        return cast(F, wrapper)
+        return each_call_in(func, scope)
 
 
 def rollout_step(step: int | None = None, **attributes: Any) -> StepScope:

@@ -351,6 +351,22 @@ def row_steps(d: db.Dashboard) -> db.Dashboard:
             w=24,
         )
     )
+    d = d.with_panel(
+        ts(
+            "Phases of a training step: mean duration of each",
+            "s",
+            prom(
+                "A",
+                mean_per_step("rollout_step_phase_duration_seconds", by="rollout_phase_name"),
+                "{{rollout_phase_name}}",
+            ),
+            description="rollout.step.phase.duration by phase (rollout_phase, or a framework's own "
+            "timers: verl's gen, old_log_prob, update_actor, update_weights, ...): where a "
+            "training step's time goes besides generation. Mean over the phases that ended in "
+            "each interval; a phase timed twice in a step counts twice.",
+            w=24,
+        )
+    )
     return d
 
 

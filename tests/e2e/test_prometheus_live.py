@@ -87,6 +87,7 @@ def scraped_run(
             str(BATCH),
             "--linger",
             "--engine-stats",
+            "--phases",  # the dashboard's phase panel must have data too
         ),
         env=env,
         cwd=REPO,

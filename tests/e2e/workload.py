@@ -2,7 +2,8 @@
 
 Meant to run under ``opentelemetry-instrument`` so that everything — providers, exporters, our
 instrumentor — is set up the zero-code way, from environment variables alone. It runs a few
-``rollout_step``s of a long-tailed batch on the real vLLM CPU engine, prints one JSON line per
+``rollout_step``s of a long-tailed batch on the real vLLM CPU engine (with ``--phases``, each
+step's generation and a scoring as its phases, ``rollout_phase``), prints one JSON line per
 request (the truth the test compares telemetry against), prints ``DONE``, and then stays alive
 until its standard input closes so a scraper can read its metrics endpoint.
 """
@@ -13,7 +14,7 @@ import argparse
 import json
 import sys
 
-from otel_rollout import rollout_step
+from otel_rollout import rollout_phase, rollout_step
 from otel_rollout.sdk import force_flush
 from testkit.engines import VLLM_KWARGS, long_tail_lengths, vllm_environment
 
@@ -29,6 +30,9 @@ def main() -> None:
         action="store_true",
         help="LLM(disable_log_stats=False): exact engine timings incl. queue time",
     )
+    parser.add_argument(
+        "--phases", action="store_true", help="generation and scoring as the steps' phases"
+    )
     args = parser.parse_args()
     vllm_environment()
     import vllm
@@ -37,10 +41,15 @@ def main() -> None:
     for step in range(1, args.steps + 1):
         lengths = long_tail_lengths(args.batch, seed=step, high=160)
         params = [vllm.SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
+        prompts = [f"step {step} prompt {i}" for i in range(len(lengths))]
         with rollout_step(step):
-            outputs = llm.generate(
-                [f"step {step} prompt {i}" for i in range(len(lengths))], params, use_tqdm=False
-            )
+            if not args.phases:
+                outputs = llm.generate(prompts, params, use_tqdm=False)
+            else:
+                with rollout_phase("generation"):
+                    outputs = llm.generate(prompts, params, use_tqdm=False)
+                with rollout_phase("reward"):  # what a trainer does next: score the samples
+                    sum(len(set(o.outputs[0].token_ids)) for o in outputs)
         for out in outputs:
             print(
                 json.dumps(
