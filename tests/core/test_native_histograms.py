@@ -510,7 +510,7 @@ def test_a_metric_that_fails_to_encode_is_left_out_not_the_scrape(
     def broken(point: Any) -> bytes:  # a fault in our encoder, which real data cannot produce
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("otel_rollout.exposition._native", broken)
+    monkeypatch.setattr("otel_rollout.exposition.protobuf.native", broken)
     for _ in range(2):
         names = {
             f.name

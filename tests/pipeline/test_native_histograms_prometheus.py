@@ -39,9 +39,9 @@ class Target:
             self.accepts.append(environ.get("HTTP_ACCEPT", ""))
             return app(environ, start_response)
 
-        from otel_rollout.exposition import _start_server
+        from otel_rollout.exposition.server import start_server
 
-        self.server = _start_server("127.0.0.1", 0, spy)
+        self.server = start_server("127.0.0.1", 0, spy)
         self.port = self.server.server_port
         self.provider = MeterProvider(metric_readers=[self.reader])
         tracer = TracerProvider().get_tracer("test")
