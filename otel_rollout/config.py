@@ -4,6 +4,10 @@ A training job must never die because an observability variable is malformed, so
 raises: each bad value yields one :class:`Problem` (logged once as a warning naming the variable, the
 value and the default used instead) and the default takes its place. ``otel-rollout check`` turns
 the same problems into a non-zero exit, so CI or a launcher can refuse a bad configuration early.
+
+Why one module of this size: it is the one table of settings by design — every variable's name,
+default, parser and documentation side by side, which ``otel-rollout check`` and the docs test
+read.
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ Policy, in one place:
   the chunk it is on — so the child inherits no SDK lock taken mid-record — and gives the child
   an empty queue and no thread; the child's first record starts its own. Spawned processes (Ray
   workers, vLLM's engine processes) start fresh anyway.
+
+Why one module of this size: one queue and its four rules below; each rule reads the same lock,
+counters and thread state, and splitting them would spread one invariant over several files.
 """
 
 from __future__ import annotations

@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from opentelemetry.sdk.metrics import AlignedHistogramBucketExemplarReservoir, Histogram
+from opentelemetry.sdk.metrics import Histogram
 from opentelemetry.sdk.metrics.view import (
     Aggregation,
     DefaultAggregation,
@@ -45,6 +45,7 @@ from opentelemetry.sdk.metrics.view import (
 from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
 
 from otel_rollout.config import RolloutConfig, load_config
+from otel_rollout.sdk_internals import ChoosingAggregation, ReservoirFactory, aligned_reservoir
 from otel_rollout.semconv import ROLLOUT_QUEUE_TIME
 
 _logger = logging.getLogger(__name__)
@@ -85,23 +86,7 @@ def explicit_bounds(name: str, config: RolloutConfig) -> tuple[float, ...] | Non
     return None if attr is None else tuple(getattr(config, attr))
 
 
-def _aligned_reservoir(bounds: Sequence[float]) -> Callable[[type], Callable[..., Any]]:
-    """One exemplar per classic bucket (the latest), as explicit histograms keep them.
-
-    The SDK's reservoir for exponential histograms keeps 20 *random* measurements per collection,
-    which usually misses the one slow request the long-tail dashboard wants to open. Aligning
-    the reservoir on the classic boundaries keeps the tail bucket's exemplar.
-    """
-    bounds = list(bounds)
-
-    def builder(**_ignored: Any) -> AlignedHistogramBucketExemplarReservoir:
-        # the exponential aggregation passes size=...; an aligned reservoir sizes itself
-        return AlignedHistogramBucketExemplarReservoir(boundaries=bounds)
-
-    return lambda _aggregation_type: builder
-
-
-class RolloutHistogramAggregation(Aggregation):
+class RolloutHistogramAggregation(ChoosingAggregation):
     """Exponential for our five long-tail instruments, the SDK default for everything else.
 
     A reader's ``preferred_aggregation`` applies to *every* histogram it sees; this aggregation
@@ -123,25 +108,27 @@ class RolloutHistogramAggregation(Aggregation):
             return None
         return explicit_bounds(instrument.name, self._config)
 
-    def _create_aggregation(
-        self, instrument: Any, attributes: Any, reservoir_factory: Any, start_time_unix_nano: int
-    ) -> Any:
+    def choose(self, instrument: Any) -> tuple[Aggregation, ReservoirFactory | None]:
+        """Exponential with an exemplar reservoir aligned on the classic buckets, for ours.
+
+        The SDK's reservoir for exponential histograms keeps 20 *random* measurements per
+        collection, which usually misses the one slow request the long-tail dashboard wants to
+        open. Aligning the reservoir on the classic boundaries keeps the tail bucket's exemplar.
+        """
         bounds = self.ours(instrument) if exponential(self._config) else None
-        if bounds is not None:
-            try:
-                return self._exponential._create_aggregation(
-                    instrument, attributes, _aligned_reservoir(bounds), start_time_unix_nano
-                )
-            except Exception:  # an SDK whose internals moved: explicit buckets still work
-                _logger.warning(
-                    "otel_rollout: exponential aggregation unavailable for %s; "
-                    "using explicit buckets",
-                    instrument.name,
-                    exc_info=True,
-                )
-        return self._default._create_aggregation(
-            instrument, attributes, reservoir_factory, start_time_unix_nano
+        if bounds is None:
+            return self._default, None
+        return self._exponential, aligned_reservoir(bounds)
+
+    def fallback(self, instrument: Any, chosen: Aggregation, error: Exception) -> Aggregation:
+        if chosen is self._default:
+            raise error
+        _logger.warning(  # an SDK whose internals moved: explicit buckets still work
+            "otel_rollout: exponential aggregation unavailable for %s; using explicit buckets",
+            instrument.name,
+            exc_info=error,
         )
+        return self._default
 
 
 def views(config: RolloutConfig | None = None) -> list[View]:

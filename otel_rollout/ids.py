@@ -8,12 +8,11 @@ backend and exemplars point at the wrong request. Ids from ``os.urandom`` are im
 
 from __future__ import annotations
 
-import copy
 import os
 from typing import Any
 
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.trace import INVALID_SPAN_ID, INVALID_TRACE_ID, Tracer
+from opentelemetry.trace import INVALID_SPAN_ID, INVALID_TRACE_ID
 
 
 class UrandomIdGenerator(IdGenerator):
@@ -54,14 +53,3 @@ class PresetIds:
 
     def is_trace_id_random(self) -> bool:
         return bool(self.inner.is_trace_id_random())
-
-
-def preset_tracer(tracer: Tracer) -> tuple[Tracer, PresetIds | None]:
-    """A copy of an SDK tracer (same provider, scope, processors) whose ids can be preset."""
-    inner = getattr(tracer, "id_generator", None)
-    if inner is None or not callable(getattr(inner, "generate_span_id", None)):
-        return tracer, None  # not an SDK tracer (no-op, proxy): ids are set at emission
-    clone = copy.copy(tracer)
-    preset = PresetIds(inner)
-    clone.id_generator = preset  # type: ignore[attr-defined]
-    return clone, preset

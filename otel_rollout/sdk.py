@@ -16,12 +16,11 @@ import threading
 import time
 from typing import Any
 
-import wrapt
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
-from otel_rollout import emitter
+from otel_rollout import emitter, sdk_internals
 from otel_rollout.guard import PROCESS
 from otel_rollout.ids import UrandomIdGenerator
 
@@ -71,22 +70,12 @@ def _shutdown_within(timeout_s: float) -> None:
     # export would wait on the same exporter, so exit does not wait for it at all.
     stuck = emitter.exporter_stuck(max(timeout_s, emitter.exporter_timeout_s()))
     candidates: tuple[Any, ...] = (trace.get_tracer_provider(), metrics.get_meter_provider())
-    providers = [
-        p
-        for p in candidates
-        if callable(getattr(p, "shutdown", None))
-        and hasattr(p, "_atexit_handler")
-        and getattr(p, "_shutdown", False) is not True
-    ]  # already shut down by its owner
+    providers = [p for p in candidates if sdk_internals.owns_exit_handler(p)]
     if not providers:
-        return
+        return  # no SDK provider, or each already shut down by its owner
     for provider in providers:
-        # The SDK registered its own unbounded shutdown at exit; ours replaces it. The SDK keeps
-        # the handle in this attribute and unregisters it the same way in its shutdown().
-        handler = provider._atexit_handler
-        if handler is not None:
-            atexit.unregister(handler)
-            provider._atexit_handler = None
+        # The SDK registered its own unbounded shutdown at exit; ours replaces it.
+        sdk_internals.unregister_exit_handler(provider)
 
     def shut(provider: Any) -> None:
         try:
@@ -136,11 +125,7 @@ def drain_before_provider_flush() -> None:
     the first emitter starts. Our own threads (pacing drains the provider) and the bounded exit
     (which has drained already) skip the wait.
     """
-    from opentelemetry.sdk.metrics import MeterProvider
-
-    for owner in (TracerProvider, MeterProvider):
-        for method in ("force_flush", "shutdown"):
-            wrapt.wrap_function_wrapper(owner, method, _drain_first)
+    sdk_internals.wrap_provider_flushes(_drain_first)
 
 
 def _drain_first(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

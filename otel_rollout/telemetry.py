@@ -7,8 +7,12 @@ Spans are created once the request has finished, with the engine's own timestamp
 start and end are when the engine saw the request arrive and finish — not when we happened to
 look. What each span and point carries is built in :mod:`otel_rollout.attributes`; the
 instruments live in :mod:`otel_rollout.instruments`, in-flight accounting in
-:mod:`otel_rollout.activity`, preset span ids in :mod:`otel_rollout.ids`, the background
+:mod:`otel_rollout.activity`, preset span ids in :mod:`otel_rollout.ids` (the tracer that uses them in
+:mod:`otel_rollout.sdk_internals`), the background
 queue in :mod:`otel_rollout.emitter`.
+
+Why one module of this size: request and step telemetry share the provider resolution, the
+scopes and the emitter wiring; everything else was moved out (issue #27).
 """
 
 from __future__ import annotations
@@ -40,9 +44,10 @@ from otel_rollout.config import RolloutConfig, load_config
 from otel_rollout.context import current_step, step_number
 from otel_rollout.emitter import PACE_WAIT_S, Emitter, Pacer
 from otel_rollout.guard import LogOnce
-from otel_rollout.ids import PresetIds, preset_tracer
+from otel_rollout.ids import PresetIds
 from otel_rollout.instruments import RequestInstruments, StepInstruments
 from otel_rollout.sdk import drain_before_provider_flush
+from otel_rollout.sdk_internals import preset_tracer
 from otel_rollout.semconv import (
     BATCH_SPAN_NAME,
     EVENT_FIRST_TOKEN,

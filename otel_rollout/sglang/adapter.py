@@ -30,6 +30,10 @@ Timing exactness:
   non-streamed one has none, and no queue time is available.
 * A request that failed or was abandoned before its final chunk (``observed``): from the call to
   the failure, as seen at the engine's boundary.
+
+Why one module of this size: SGLang's fields, its two clocks and the wrappers that read them
+change together from one SGLang release to the next; the pure translation (:func:`timeline`) is
+kept apart inside it and tested without an engine (``tests/core/test_extractors.py``).
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ finish are the engine-core timestamps of the step that produced them, read where
 processor handles each step — exact to one engine step; queue time is not available. ``AsyncLLM``
 with stats off (verl's server), and on vLLM 0.10–0.11 (which never fill ``RequestOutput.metrics``),
 is timed the same way: its output handler is the same output processor.
+
+Why one module of this size: the wrappers and the output-processor hooks share one per-request
+state (stats on or off, ``n > 1`` children, the step stamps); the pure translation functions are
+kept apart inside it and tested without an engine (``tests/core/test_extractors.py``).
 """
 
 from __future__ import annotations

@@ -98,3 +98,88 @@ def test_importing_the_package_and_instrumenting_loads_no_engine() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+LONG_MODULE_LINES = 400
+REASON = "Why one module of this size:"
+
+
+def test_a_long_module_says_why_at_its_top() -> None:
+    """A room that grows past ~400 lines is split, or says in its docstring why it is one room."""
+    silent = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        if text.count("\n") > LONG_MODULE_LINES and REASON not in (
+            ast.get_docstring(ast.parse(text)) or ""
+        ):
+            silent.append(str(path.relative_to(PACKAGE.parent)))
+    assert not silent, (
+        f"over {LONG_MODULE_LINES} lines without {REASON!r} in the docstring: {silent}"
+    )
+
+
+def _sdk_private_names() -> set[str]:
+    """Underscore names of the SDK's classes and of its providers, tracers and meters."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import opentelemetry.sdk
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
+    names: set[str] = set()
+    for info in pkgutil.walk_packages(opentelemetry.sdk.__path__, "opentelemetry.sdk."):
+        try:
+            module = importlib.import_module(info.name)
+        except Exception:  # an optional extra of the SDK that is not installed
+            continue
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__.startswith("opentelemetry.sdk"):
+                names |= {n for n in dir(cls) if n.startswith("_") and not n.startswith("__")}
+    tracers, meters = TracerProvider(shutdown_on_exit=False), MeterProvider(shutdown_on_exit=False)
+    for obj in (tracers, meters, tracers.get_tracer("t"), meters.get_meter("m")):
+        names |= {n for n in vars(obj) if n.startswith("_")}
+    meters.shutdown()
+    return names
+
+
+def _own_attribute_names() -> set[str]:
+    """Names our own classes define (``self.x = …``, ``def x``): those are ours, not the SDK's."""
+    own: set[str] = set()
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "sdk_internals.py":  # what it defines there is the SDK's protocol
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                    own.add(node.attr)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                own.add(node.name)
+    return own
+
+
+def test_sdk_privates_are_touched_only_in_the_seam() -> None:
+    """Every reach past the SDK's public API lives in ``sdk_internals.py``, whose tests run on
+    each declared SDK version; anywhere else an SDK upgrade could break us unseen."""
+    private = _sdk_private_names() - _own_attribute_names()
+    assert {"_atexit_handler", "_create_aggregation"} <= _sdk_private_names()
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "sdk_internals.py":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            name = None
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                name = node.attr
+            elif isinstance(node, ast.Constant) and node.value in private:
+                name = str(node.value)  # getattr(provider, "_x")
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                if node.module.startswith("opentelemetry.sdk") and (
+                    "._" in node.module or any(a.name.startswith("_") for a in node.names)
+                ):
+                    name = node.module
+            if name:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {name}")
+    assert not found, found
