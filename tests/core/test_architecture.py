@@ -183,3 +183,18 @@ def test_sdk_privates_are_touched_only_in_the_seam() -> None:
             if name:
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {name}")
     assert not found, found
+
+
+def test_suites_share_helpers_only_through_testkit() -> None:
+    """A suite imports from its own folder, ``tests.conftest`` (the root fixtures) and
+    ``testkit``; a helper two suites need moves to ``testkit/`` (docs/ARCHITECTURE.md)."""
+    tests = PACKAGE.parent / "tests"
+    crossing = []
+    for path in sorted(tests.rglob("*.py")):
+        suite = path.relative_to(tests).parts[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                parts = node.module.split(".")
+                if parts[0] == "tests" and len(parts) > 1 and parts[1] not in (suite, "conftest"):
+                    crossing.append(f"{path.relative_to(tests)}: {node.module}")
+    assert not crossing, crossing

@@ -24,9 +24,9 @@ import pytest
 
 from otel_rollout.config import DEFAULT_LATENCY_BUCKETS
 from testkit.otlp_receiver import OTLPReceiver, attr
-from tests.e2e.runner import REPO, instrument_command, workload_env
-from tests.pipeline.prometheus_process import Prometheus, free_port
-from tests.pipeline.promql import all_promql_expressions
+from testkit.prometheus import Prometheus, free_port
+from testkit.promql import all_promql_expressions
+from testkit.workload_runner import REPO, instrument_command, workload_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.prometheus]
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from testkit.otlp_receiver import OTLPReceiver, attr
-from tests.e2e.runner import run_workload, workload_env
+from testkit.workload_runner import run_workload, workload_env
 
 pytestmark = pytest.mark.vllm
 

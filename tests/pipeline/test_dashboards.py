@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import yaml
 from pipeline_tools import parse_traceql
-from promql import _panels, all_promql_expressions, all_traceql_queries
+
+from testkit.promql import _panels, all_promql_expressions, all_traceql_queries
 
 PROM_UID = "rollout-prometheus"
 TEMPO_UID = "rollout-tempo"

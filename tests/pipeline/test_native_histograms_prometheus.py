@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
-from prometheus_process import Prometheus
 
 from otel_rollout.exposition import OpenMetricsExemplarReader
+from testkit.prometheus import Prometheus
 
 pytestmark = pytest.mark.prometheus
 

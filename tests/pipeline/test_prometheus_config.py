@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 from pipeline_tools import PROMTOOL_HINT, require_tool
-from promql import all_promql_expressions
+
+from testkit.promql import all_promql_expressions
 
 PROM_DIR = "prometheus"
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from testkit.otlp_receiver import OTLPReceiver
-from tests.e2e.runner import REPO, workload_env
+from testkit.workload_runner import REPO, workload_env
 
 pytestmark = pytest.mark.vllm
 

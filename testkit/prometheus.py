@@ -21,8 +21,6 @@ from typing import Any
 
 import pytest
 
-# Importable both as a sibling module (pipeline tests) and as tests.pipeline.prometheus_process
-# (e2e tests), so it depends on nothing else in this folder.
 HINT = "apt-get install -y --no-install-recommends prometheus (Debian's 2.42, as CI installs it)"
 
 

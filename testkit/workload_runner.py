@@ -1,4 +1,5 @@
-"""Starts the e2e workload under ``opentelemetry-instrument`` with a given environment."""
+"""Starts the e2e workload (``tests/e2e/workload.py``) under ``opentelemetry-instrument``: shared by
+the e2e and vLLM suites."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from testkit.processes import run_reaped
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def instrument_command(*args: str) -> list[str]:

@@ -159,6 +159,6 @@ def all_traceql_queries(repo_root: str | Path) -> list[tuple[str, str]]:
 if __name__ == "__main__":
     import sys
 
-    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2]
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1]
     for source, expr in all_promql_expressions(root):
         print(f"{source}\n    {' '.join(expr.split())}")
