@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as GenAI
 from opentelemetry.semconv.attributes import error_attributes
 
+from otel_rollout.figures import STEP_FIGURES
 from otel_rollout.semconv import (
     ROLLOUT_CACHED_TOKENS,
     ROLLOUT_FINISH_REASON,
@@ -21,23 +22,9 @@ from otel_rollout.semconv import (
     ROLLOUT_STEP,
     ROLLOUT_TIMING_SOURCE,
     ROLLOUT_TTFT,
-    STEP_ATTR_IDLE_CAPACITY,
-    STEP_ATTR_LATENCY_MAX,
-    STEP_ATTR_LATENCY_P50,
-    STEP_ATTR_LATENCY_P90,
-    STEP_ATTR_OUTPUT_TOKENS_MAX,
-    STEP_ATTR_OUTPUT_TOKENS_P50,
-    STEP_ATTR_OUTPUT_TOKENS_P90,
-    STEP_ATTR_PEAK_ACTIVE,
     STEP_ATTR_PHASE_PREFIX,
     STEP_ATTR_PHASE_SUFFIX,
-    STEP_ATTR_TAIL_DURATION,
-    STEP_ATTR_TAIL_FRACTION,
     STEP_ATTR_UNACCOUNTED,
-    STEP_IDLE_FRACTION,
-    STEP_STRAGGLER_RATIO,
-    STEP_TAIL_REQUESTS,
-    STEP_TRUNCATION_RATIO,
 )
 
 if TYPE_CHECKING:
@@ -145,22 +132,12 @@ def content_attributes(record: RequestRecord, limit: int) -> dict[str, str]:
 
 
 def step_span_attributes(stats: StepStats) -> dict[str, float | int]:
-    """The step span's analytics attributes (names in README's step-span table)."""
+    """The step span's analytics attributes (names in README's step-span table), one per figure
+    of :data:`otel_rollout.figures.STEP_FIGURES` that has a span attribute."""
     return {
-        STEP_ATTR_TAIL_DURATION: stats.tail_duration_s,
-        STEP_TAIL_REQUESTS: stats.tail_requests,
-        STEP_ATTR_TAIL_FRACTION: stats.tail_fraction,
-        STEP_STRAGGLER_RATIO: stats.straggler_ratio,
-        STEP_ATTR_LATENCY_P50: stats.latency_p50_s,
-        STEP_ATTR_LATENCY_P90: stats.latency_p90_s,
-        STEP_ATTR_LATENCY_MAX: stats.latency_max_s,
-        STEP_ATTR_OUTPUT_TOKENS_P50: stats.output_tokens_p50,
-        STEP_ATTR_OUTPUT_TOKENS_P90: stats.output_tokens_p90,
-        STEP_ATTR_OUTPUT_TOKENS_MAX: stats.output_tokens_max,
-        STEP_TRUNCATION_RATIO: stats.truncation_ratio,
-        STEP_ATTR_IDLE_CAPACITY: stats.idle_capacity_s,
-        STEP_IDLE_FRACTION: stats.idle_fraction,
-        STEP_ATTR_PEAK_ACTIVE: stats.peak_active,
+        figure.span_attribute: getattr(stats, figure.field)
+        for figure in STEP_FIGURES
+        if figure.span_attribute is not None
     }
 
 

@@ -1,0 +1,171 @@
+"""Every per-step figure, declared once: what it is called on the step span and as a metric, its
+unit, description and buckets.
+
+A figure's value is a field of :class:`~otel_rollout.analysis.StepStats` (a pure function of the
+step's records, in :mod:`otel_rollout.analysis`); everything else about it is one entry of
+:data:`STEP_FIGURES`, from which the step span's attributes (:func:`otel_rollout.attributes.
+step_span_attributes`) and the ``rollout.step.*`` histograms (:class:`otel_rollout.instruments.
+StepInstruments`) are derived. Adding a per-step figure is a ``StepStats`` field, its function,
+and one entry here (docs/ARCHITECTURE.md has the checklist).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from otel_rollout.config import DEFAULT_RATIO_BUCKETS, IDLE_CAPACITY_BUCKETS, RolloutConfig
+from otel_rollout.semconv import (
+    STEP_ATTR_IDLE_CAPACITY,
+    STEP_ATTR_LATENCY_MAX,
+    STEP_ATTR_LATENCY_P50,
+    STEP_ATTR_LATENCY_P90,
+    STEP_ATTR_OUTPUT_TOKENS_MAX,
+    STEP_ATTR_OUTPUT_TOKENS_P50,
+    STEP_ATTR_OUTPUT_TOKENS_P90,
+    STEP_ATTR_PEAK_ACTIVE,
+    STEP_ATTR_TAIL_DURATION,
+    STEP_ATTR_TAIL_FRACTION,
+    STEP_DURATION,
+    STEP_IDLE_CAPACITY,
+    STEP_IDLE_FRACTION,
+    STEP_OUTPUT_TOKENS,
+    STEP_REQUESTS,
+    STEP_STRAGGLER_RATIO,
+    STEP_TAIL_DURATION,
+    STEP_TAIL_REQUESTS,
+    STEP_TRUNCATION_RATIO,
+)
+
+FRACTION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
+
+
+@dataclass(frozen=True)
+class StepFigure:
+    field: str
+    """The :class:`~otel_rollout.analysis.StepStats` attribute holding the value."""
+    span_attribute: str | None = None
+    """Its name on the step span; ``None`` when the span says it otherwise (its own duration)."""
+    metric: str | None = None
+    """The ``rollout.step.*`` histogram it is recorded into, one point per step; ``None``: span only."""
+    unit: str = ""
+    description: str = ""
+    buckets: str | Sequence[float] = ()
+    """Explicit bucket advice: boundaries, or the name of the :class:`RolloutConfig` setting."""
+    statistic: str | None = None
+    """For figures sharing one metric: their ``rollout.statistic`` label (``max``, ``p50``, …)."""
+
+    def boundaries(self, config: RolloutConfig) -> Sequence[float]:
+        return getattr(config, self.buckets) if isinstance(self.buckets, str) else self.buckets
+
+
+_TOKENS = "Per-step response length statistics."
+
+STEP_FIGURES: tuple[StepFigure, ...] = (
+    StepFigure(
+        "duration_s",
+        metric=STEP_DURATION,
+        unit="s",
+        description="Wall time of a training step's scope.",
+        buckets="latency_buckets",
+    ),
+    StepFigure(
+        "requests",
+        metric=STEP_REQUESTS,
+        unit="{request}",
+        description="Requests in the step.",
+        buckets=COUNT_BUCKETS,
+    ),
+    StepFigure(
+        "tail_duration_s",
+        STEP_ATTR_TAIL_DURATION,
+        STEP_TAIL_DURATION,
+        "s",
+        "Time from the tail quantile of finishes to the last finish.",
+        "latency_buckets",
+    ),
+    StepFigure(
+        "tail_requests",
+        STEP_TAIL_REQUESTS,
+        STEP_TAIL_REQUESTS,
+        "{request}",
+        "Requests still running when the tail began.",
+        COUNT_BUCKETS,
+    ),
+    StepFigure("tail_fraction", STEP_ATTR_TAIL_FRACTION),
+    StepFigure(
+        "straggler_ratio",
+        STEP_STRAGGLER_RATIO,
+        STEP_STRAGGLER_RATIO,
+        "1",
+        "Slowest request latency over the median.",
+        DEFAULT_RATIO_BUCKETS,
+    ),
+    StepFigure("latency_p50_s", STEP_ATTR_LATENCY_P50),
+    StepFigure("latency_p90_s", STEP_ATTR_LATENCY_P90),
+    StepFigure("latency_max_s", STEP_ATTR_LATENCY_MAX),
+    StepFigure(
+        "output_tokens_p50",
+        STEP_ATTR_OUTPUT_TOKENS_P50,
+        STEP_OUTPUT_TOKENS,
+        "{token}",
+        _TOKENS,
+        "token_buckets",
+        "p50",
+    ),
+    StepFigure(
+        "output_tokens_p90",
+        STEP_ATTR_OUTPUT_TOKENS_P90,
+        STEP_OUTPUT_TOKENS,
+        "{token}",
+        _TOKENS,
+        "token_buckets",
+        "p90",
+    ),
+    StepFigure(
+        "output_tokens_max",
+        STEP_ATTR_OUTPUT_TOKENS_MAX,
+        STEP_OUTPUT_TOKENS,
+        "{token}",
+        _TOKENS,
+        "token_buckets",
+        "max",
+    ),
+    StepFigure(
+        "truncation_ratio",
+        STEP_TRUNCATION_RATIO,
+        STEP_TRUNCATION_RATIO,
+        "1",
+        "Share of requests that stopped at max_tokens.",
+        FRACTION_BUCKETS,
+    ),
+    StepFigure(
+        "idle_capacity_s",
+        STEP_ATTR_IDLE_CAPACITY,
+        STEP_IDLE_CAPACITY,
+        "s",
+        "Request-seconds of in-flight capacity left unused during the rollout window.",
+        IDLE_CAPACITY_BUCKETS,
+    ),
+    StepFigure(
+        "idle_fraction",
+        STEP_IDLE_FRACTION,
+        STEP_IDLE_FRACTION,
+        "1",
+        "Idle capacity as a share of peak in-flight × window.",
+        FRACTION_BUCKETS,
+    ),
+    StepFigure("peak_active", STEP_ATTR_PEAK_ACTIVE),
+)
+"""In the step span's attribute order (README's step-span table)."""
+
+
+def step_metrics() -> dict[str, StepFigure]:
+    """One figure per ``rollout.step.*`` histogram (the first, for a shared one): its unit,
+    description and buckets. Figures sharing a metric must agree on those (tested)."""
+    out: dict[str, StepFigure] = {}
+    for figure in STEP_FIGURES:
+        if figure.metric is not None:
+            out.setdefault(figure.metric, figure)
+    return out
