@@ -14,6 +14,8 @@ from typing import Any
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import INVALID_SPAN_ID, INVALID_TRACE_ID
 
+__all__ = ["UrandomIdGenerator"]
+
 
 class UrandomIdGenerator(IdGenerator):
     """Select with ``OTEL_PYTHON_ID_GENERATOR=rollout_urandom`` or pass to ``TracerProvider``."""

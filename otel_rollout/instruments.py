@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from otel_rollout.record import RequestRecord
 
 
-
 class RequestInstruments:
     """The GenAI request histograms (duration, time to first token, time per output token,
     tokens), queue time, and the counter of spans a full emitter queue dropped."""

@@ -24,6 +24,15 @@ from otel_rollout import emitter, sdk_internals
 from otel_rollout.guard import PROCESS
 from otel_rollout.ids import UrandomIdGenerator
 
+__all__ = [
+    "bound_exit",
+    "configure_from_environment",
+    "drain_before_provider_flush",
+    "force_flush",
+    "sdk_configured",
+    "use_urandom_ids",
+]
+
 _logger = logging.getLogger(__name__)
 
 

@@ -52,6 +52,8 @@ from otel_rollout.instrumentation import LibraryInstrumentor, Target, argument, 
 from otel_rollout.phases import PhaseScope
 from otel_rollout.steps import StepScope, current_step, rollout_step
 
+__all__ = ["VERL_PHASES", "VerlInstrumentor"]
+
 _logger = logging.getLogger(__name__)
 
 AGENT_LOOP_MODULE = "verl.experimental.agent_loop.agent_loop"

@@ -50,6 +50,8 @@ from otel_rollout.ray.steps import (
 )
 from otel_rollout.steps import register_channel, unregister_channel
 
+__all__ = ["RayInstrumentor"]
+
 CTX_KWARG = "_ray_trace_ctx"
 _MARK = "__otel_rollout_wrapped__"
 _log = LogOnce()

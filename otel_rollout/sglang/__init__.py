@@ -10,6 +10,8 @@ from otel_rollout.instrumentation import (
 from otel_rollout.sglang import adapter
 from otel_rollout.telemetry import Telemetry
 
+__all__ = ["SGLangInstrumentor"]
+
 
 class SGLangInstrumentor(EngineInstrumentor):
     """Spans and metrics for every generate request SGLang serves in this process."""

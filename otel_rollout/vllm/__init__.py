@@ -10,6 +10,8 @@ from otel_rollout.instrumentation import (
 from otel_rollout.telemetry import Telemetry
 from otel_rollout.vllm import adapter
 
+__all__ = ["VLLMInstrumentor"]
+
 
 class VLLMInstrumentor(EngineInstrumentor):
     """Spans and metrics for every request vLLM serves in this process (offline and async)."""
