@@ -10,6 +10,7 @@ core environment has neither engine).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -247,3 +248,40 @@ def test_sglang_observed_when_failed_or_unreported(meta: dict[str, Any], error: 
         None,
         "observed",
     )
+
+
+def test_an_aborted_request_says_so() -> None:
+    """vLLM's ``abort`` (the caller cancelled, or the engine evicted the request for good)."""
+    rec = translate(output(choices=[choice(3, "abort")], stats=engine_stats(3)))
+    assert rec.finish_reasons == ("abort",)
+    assert rec.output_tokens == 3
+    assert rec.timing_source == "engine"
+
+
+def test_a_stream_that_failed_mid_request_ends_when_it_failed(
+    make_telemetry: Callable[..., Telemetry], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``AsyncLLM`` stream that raised after its first chunks: the record carries the error,
+    and its end is when the failure was seen, not the engine's last token of an unfinished
+    request (which would make a failed request look short)."""
+    from opentelemetry import context
+
+    from otel_rollout.vllm.adapter import AsyncRequest
+
+    telemetry = make_telemetry()
+    emitted: list[Any] = []
+    monkeypatch.setattr(telemetry, "emit", lambda record, parent: emitted.append(record))
+    request = AsyncRequest(telemetry, "m", "r9", None, context.get_current())
+    telemetry.requests_started("m", "text_completion")
+    chunk = output("r9", [choice(2, None)], stats=engine_stats(2))
+    chunk.finished = False
+    request.item(chunk)
+    error = RuntimeError("engine died (fault injected here)")
+    before = time.time_ns()
+    request.finish(error)
+    (record,) = emitted
+    assert record.error is error
+    assert record.timing_source == "engine"
+    # the engine's last token was stamped in 2023 (WALL0): the end is when the failure was seen
+    assert record.finish_ns >= before - 5_000_000
+    assert record.output_tokens == 2
