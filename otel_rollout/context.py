@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from otel_rollout.record import RequestRecord
 
 _STEP_KEY = otel_context.create_key("otel_rollout.step")
+_TRAJECTORY_KEY = otel_context.create_key("otel_rollout.trajectory")
 
 
 class StepCollector(Protocol):
@@ -55,3 +56,18 @@ def with_step(collector: StepCollector, ctx: Context) -> Context:
         # Baggage carries the step number to processes that only receive the propagated context.
         ctx = baggage.set_baggage(ROLLOUT_STEP, str(collector.step), ctx)
     return ctx
+
+
+def current_trajectory(ctx: Context | None = None) -> StepCollector | None:
+    """The agentic trajectory (:mod:`otel_rollout.trajectories`) this context's requests are
+    turns of, if one is open in this process."""
+    return cast("StepCollector | None", otel_context.get_value(_TRAJECTORY_KEY, ctx))
+
+
+def with_trajectory(collector: StepCollector, ctx: Context) -> Context:
+    return otel_context.set_value(_TRAJECTORY_KEY, collector, ctx)
+
+
+def collectors(ctx: Context | None = None) -> tuple[StepCollector, ...]:
+    """Everything that collects this context's finished requests: its step, its trajectory."""
+    return tuple(c for c in (current_step(ctx), current_trajectory(ctx)) if c is not None)

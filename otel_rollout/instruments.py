@@ -15,12 +15,14 @@ from opentelemetry.metrics import Meter
 from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
 
 from otel_rollout.config import RolloutConfig
-from otel_rollout.figures import STEP_FIGURES, step_metrics
+from otel_rollout.figures import COUNT_BUCKETS, STEP_FIGURES, step_metrics
 from otel_rollout.semconv import (
     METRIC_TELEMETRY_DROPPED,
     ROLLOUT_QUEUE_TIME,
     ROLLOUT_STATISTIC,
     STEP_PHASE_DURATION,
+    TRAJECTORY_DURATION,
+    TRAJECTORY_TURNS,
 )
 
 if TYPE_CHECKING:
@@ -127,3 +129,26 @@ class StepInstruments:
                 else {**attrs, ROLLOUT_STATISTIC: figure.statistic}
             )
             self.histograms[figure.metric].record(getattr(stats, figure.field), labels, context=ctx)
+
+
+class TrajectoryInstruments:
+    """Agentic trajectories (:mod:`otel_rollout.trajectories`): duration and turns, one point per
+    trajectory, labelled with how it ended."""
+
+    def __init__(self, meter: Meter, config: RolloutConfig) -> None:
+        self.duration = meter.create_histogram(
+            TRAJECTORY_DURATION,
+            unit="s",
+            description="Wall time of one sample's trajectory (turns, tool calls, scoring).",
+            explicit_bucket_boundaries_advisory=config.latency_buckets,
+        )
+        self.turns = meter.create_histogram(
+            TRAJECTORY_TURNS,
+            unit="{request}",
+            description="Engine requests (turns) of one trajectory.",
+            explicit_bucket_boundaries_advisory=COUNT_BUCKETS,
+        )
+
+    def record(self, duration_s: float, turns: int, attrs: dict[str, str], ctx: Context) -> None:
+        self.duration.record(duration_s, attrs, context=ctx)
+        self.turns.record(turns, attrs, context=ctx)

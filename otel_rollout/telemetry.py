@@ -41,7 +41,7 @@ from otel_rollout.attributes import (
     step_span_attributes,
 )
 from otel_rollout.config import RolloutConfig, load_config
-from otel_rollout.context import current_step, step_number
+from otel_rollout.context import collectors, step_number
 from otel_rollout.emitter import PACE_WAIT_S, Emitter, Pacer
 from otel_rollout.guard import LogOnce
 from otel_rollout.ids import PresetIds
@@ -212,7 +212,7 @@ class Telemetry:
             with self.log.guard("batch span"):
                 if span is not None:
                     if error is not None:
-                        _mark_error(span, error)
+                        mark_error(span, error)
                     span.end()
 
     # --- the record → telemetry mapping --------------------------------------------------------
@@ -238,10 +238,9 @@ class Telemetry:
                 self._emit_inline(records, parent)
                 return
             self._assign_ids(records, parent)
-            step = current_step(parent)
-            if step is not None:
+            for collector in collectors(parent):
                 for record in records:
-                    step.observe(record)
+                    collector.observe(record)
             emitter = self._emitter or self._start_emitter()
             emitter.capacity = capacity
             refused = emitter.submit(records, parent)
@@ -263,12 +262,12 @@ class Telemetry:
 
     def _emit_inline(self, records: Sequence[RequestRecord], parent: Context) -> None:
         """``OTEL_ROLLOUT_EMIT_QUEUE=0`` (or a tracer whose ids cannot be preset): as it happens."""
-        step = current_step(parent)
+        observers = collectors(parent)
         every = _pace_every()
         for done, record in enumerate(records, 1):
             self._emit(record, parent, self.tracer, None)
-            if step is not None:
-                step.observe(record)
+            for collector in observers:
+                collector.observe(record)
             if done % every == 0:
                 # Synchronous emission paces on the caller's path, as the emitter does off it: a
                 # burst larger than the span queue must not be dropped either way. Bounded: a
@@ -375,7 +374,7 @@ class Telemetry:
         if record.first_token_ns is not None:
             span.add_event(EVENT_FIRST_TOKEN, timestamp=record.first_token_ns)
         if record.error is not None:
-            _mark_error(span, record.error)
+            mark_error(span, record.error)
         span.end(end_time=record.finish_ns)
         span_context = span.get_span_context()
         record.trace_id, record.span_id = span_context.trace_id, span_context.span_id
@@ -406,7 +405,7 @@ class Telemetry:
         return cached
 
 
-def _mark_error(span: trace.Span, error: BaseException) -> None:
+def mark_error(span: trace.Span, error: BaseException) -> None:
     """How request, batch and step spans all say they failed: ERROR status described as
     ``Type: message`` (message cut to 256 characters), and ``error.type``."""
     span.set_status(Status(StatusCode.ERROR, describe_error(error)))
@@ -473,7 +472,7 @@ class StepTelemetry:
         try:
             with self.log.guard("step telemetry"):
                 if error is not None:
-                    _mark_error(span, error)
+                    mark_error(span, error)
                 span.set_attribute(STEP_REQUESTS, requests)
                 span.set_attributes(step_phase_attributes(phases or {}, duration_s))
                 if missing_calls:
@@ -510,7 +509,7 @@ class StepTelemetry:
         try:
             with self.log.guard("phase telemetry"):
                 if error is not None:
-                    _mark_error(span, error)
+                    mark_error(span, error)
                 self.step_instruments.phase_duration.record(
                     seconds, {PHASE_NAME: label}, context=trace.set_span_in_context(span)
                 )

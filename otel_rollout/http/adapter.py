@@ -31,7 +31,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from otel_rollout.context import StepCollector, current_step
+from otel_rollout.context import StepCollector, collectors, current_step
 from otel_rollout.guard import LogOnce
 from otel_rollout.propagation import inject_context
 from otel_rollout.record import (
@@ -70,7 +70,7 @@ class ClientCall:
     """One engine request on its way: the step it belongs to, its clock, what the body said."""
 
     __slots__ = (
-        "_step",
+        "_collectors",
         "operation",
         "native",
         "readable",
@@ -85,8 +85,11 @@ class ClientCall:
         "_done",
     )
 
-    def __init__(self, step: StepCollector, operation: str, native: bool, trace_id: int) -> None:
-        self._step: StepCollector | None = step
+    def __init__(
+        self, collectors: tuple[StepCollector, ...], operation: str, native: bool, trace_id: int
+    ) -> None:
+        self._collectors = collectors
+        """The step (and the trajectory, if one is open) the request's record goes to."""
         self.operation = operation
         self.native = native
         """SGLang's native API (``meta_info``) rather than the OpenAI format (``usage``)."""
@@ -111,8 +114,7 @@ class ClientCall:
         if request is None or getattr(request, "method", "") != "POST":
             return None
         ctx = otel_context.get_current()
-        step = current_step(ctx)
-        if step is None:
+        if current_step(ctx) is None:
             return None
         path = str(request.url.path)
         operation = operation_of(path, paths)
@@ -126,7 +128,7 @@ class ClientCall:
         span_context = trace.get_current_span(ctx).get_span_context()
         trace_id = span_context.trace_id if span_context.is_valid else 0
         # The OpenAI format for its endpoints (``…completions``), SGLang's native one otherwise.
-        return cls(step, operation, not path.endswith("completions"), trace_id)
+        return cls(collectors(ctx), operation, not path.endswith("completions"), trace_id)
 
     # --- response: a whole body -----------------------------------------------------------
 
@@ -181,7 +183,7 @@ class ClientCall:
 
     def end(self, error: BaseException | None) -> None:
         """The request ended: failed (``error``), or its stream was closed. Once only."""
-        if self._step is None:
+        if not self._collectors:
             return
         if error is not None:
             self._hand_over([{}], error)
@@ -199,31 +201,31 @@ class ClientCall:
         self._hand_over(records, error)
 
     def _hand_over(self, fields: list[dict[str, Any]], error: BaseException | None) -> None:
-        step, self._step = self._step, None
-        if step is None:
+        observers, self._collectors = self._collectors, ()
+        if not observers:
             return
         finish = time.time_ns()
         provider = PROVIDER_SGLANG if self.native else PROVIDER_OPENAI
         for item in fields:
-            step.observe(
-                RequestRecord(
-                    provider=provider,
-                    model=model_label(item.get("model") or "unknown"),
-                    operation=self.operation,
-                    arrival_ns=self.started_ns,
-                    finish_ns=finish,
-                    request_id=item.get("id"),
-                    prompt_tokens=item.get("prompt_tokens"),
-                    output_tokens=item.get("output_tokens"),
-                    cached_tokens=item.get("cached_tokens"),
-                    finish_reasons=tuple(item.get("finish_reasons") or ()),
-                    first_token_ns=self.first_ns,
-                    error=error,
-                    n=item.get("n"),
-                    timing_source=TIMING_CLIENT,
-                    trace_id=self.trace_id,
-                )
+            record = RequestRecord(
+                provider=provider,
+                model=model_label(item.get("model") or "unknown"),
+                operation=self.operation,
+                arrival_ns=self.started_ns,
+                finish_ns=finish,
+                request_id=item.get("id"),
+                prompt_tokens=item.get("prompt_tokens"),
+                output_tokens=item.get("output_tokens"),
+                cached_tokens=item.get("cached_tokens"),
+                finish_reasons=tuple(item.get("finish_reasons") or ()),
+                first_token_ns=self.first_ns,
+                error=error,
+                n=item.get("n"),
+                timing_source=TIMING_CLIENT,
+                trace_id=self.trace_id,
             )
+            for observer in observers:
+                observer.observe(record)
 
 
 def _native_finished(body: Any) -> bool:

@@ -27,6 +27,7 @@ PUBLIC = (
     "otel_rollout.frameworks.verl",
     "otel_rollout.steps",
     "otel_rollout.phases",
+    "otel_rollout.trajectories",
     "otel_rollout.sdk",
     "otel_rollout.exposition",
     "otel_rollout.ids",
