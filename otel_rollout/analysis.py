@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from otel_rollout.record import FINISH_LENGTH, RequestRecord
+from otel_rollout.record import FINISH_LENGTH, RequestRecord, TrajectoryRecord
 
 
 def nearest_rank(sorted_values: Sequence[float], q: float) -> float:
@@ -27,6 +27,79 @@ class Straggler:
     finish_reason: str | None
     trace_id: str
     span_id: str
+
+
+@dataclass(frozen=True)
+class SlowTrajectory:
+    duration_s: float
+    turns: int
+    tool_s: float
+    status: str
+    trace_id: str
+    span_id: str
+
+
+@dataclass(frozen=True)
+class TrajectoryStats:
+    """What a step's trajectories say: how long and how many turns, and where their time went."""
+
+    count: int
+    turns_p50: int
+    turns_max: int
+    duration_p50_s: float
+    duration_p90_s: float
+    duration_max_s: float
+    tool_share: float
+    """Σ tool seconds over Σ trajectory seconds: the share of agent time spent waiting on tools."""
+    generation_share: float
+    scoring_share: float
+    statuses: dict[str, int]
+    slowest: tuple[SlowTrajectory, ...] = ()
+
+    @property
+    def slowest_span_ids(self) -> list[str]:
+        return [t.span_id for t in self.slowest if t.span_id]
+
+
+def analyze_trajectories(
+    trajectories: Sequence[TrajectoryRecord], slowest: int = 5
+) -> TrajectoryStats | None:
+    """A step's trajectory figures; ``None`` for a step without trajectories.
+
+    Shares are of the trajectories' summed wall time, so one long conversation weighs by its
+    length: "tools took 40 % of agent time", not "of the average trajectory".
+    """
+    if not trajectories:
+        return None
+    durations = sorted(t.duration_s for t in trajectories)
+    turns = sorted(len(t.turns) for t in trajectories)
+    total = sum(durations)
+
+    def share(seconds: float) -> float:
+        return seconds / total if total > 0 else 0.0
+
+    statuses: dict[str, int] = {}
+    for t in trajectories:
+        statuses[t.status] = statuses.get(t.status, 0) + 1
+    ranked = sorted(trajectories, key=lambda t: t.duration_s, reverse=True)[:slowest]
+    return TrajectoryStats(
+        count=len(trajectories),
+        turns_p50=int(nearest_rank(turns, 0.5)),
+        turns_max=turns[-1],
+        duration_p50_s=nearest_rank(durations, 0.5),
+        duration_p90_s=nearest_rank(durations, 0.9),
+        duration_max_s=durations[-1],
+        tool_share=share(sum(t.tool_s for t in trajectories)),
+        generation_share=share(sum(t.generation_s for t in trajectories)),
+        scoring_share=share(sum(t.scoring_s for t in trajectories)),
+        statuses=dict(sorted(statuses.items())),
+        slowest=tuple(
+            SlowTrajectory(
+                t.duration_s, len(t.turns), t.tool_s, t.status, t.trace_hex or "", t.span_hex or ""
+            )
+            for t in ranked
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -52,6 +125,8 @@ class StepStats:
     idle_capacity_s: float
     idle_fraction: float
     stragglers: tuple[Straggler, ...] = field(default=())
+    trajectories: TrajectoryStats | None = None
+    """The step's agentic trajectories, when it had any (:func:`analyze_trajectories`)."""
 
     @property
     def tail_fraction(self) -> float:
@@ -63,6 +138,7 @@ def analyze(
     duration_s: float,
     tail_quantile: float = 0.9,
     stragglers: int = 5,
+    trajectories: Sequence[TrajectoryRecord] = (),
 ) -> StepStats | None:
     """Compute a step's tail analytics from its requests; ``None`` for a step without requests.
 
@@ -126,4 +202,5 @@ def analyze(
             )
             for r in slowest
         ),
+        trajectories=analyze_trajectories(trajectories, stragglers),
     )

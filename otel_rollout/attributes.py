@@ -24,12 +24,23 @@ from otel_rollout.semconv import (
     ROLLOUT_TTFT,
     STEP_ATTR_PHASE_PREFIX,
     STEP_ATTR_PHASE_SUFFIX,
+    STEP_ATTR_SLOWEST_TRAJECTORIES,
     STEP_ATTR_UNACCOUNTED,
+    TRAJECTORY_ADVANTAGE,
+    TRAJECTORY_GENERATION_S,
+    TRAJECTORY_OUTPUT_TOKENS,
+    TRAJECTORY_REWARD,
+    TRAJECTORY_SCORING_S,
+    TRAJECTORY_STATUS,
+    TRAJECTORY_TOOL_CALLS,
+    TRAJECTORY_TOOL_S,
+    TRAJECTORY_TURNS,
+    TRAJECTORY_WAITING_S,
 )
 
 if TYPE_CHECKING:
     from otel_rollout.analysis import StepStats
-    from otel_rollout.record import RequestRecord
+    from otel_rollout.record import RequestRecord, TrajectoryRecord
 
 ERROR_MESSAGE_MAX = 256
 """Characters of an exception's message kept in a span's status description."""
@@ -131,14 +142,36 @@ def content_attributes(record: RequestRecord, limit: int) -> dict[str, str]:
     return attrs
 
 
-def step_span_attributes(stats: StepStats) -> dict[str, float | int]:
+def step_span_attributes(stats: StepStats) -> dict[str, Any]:
     """The step span's analytics attributes (names in README's step-span table), one per figure
-    of :data:`otel_rollout.figures.STEP_FIGURES` that has a span attribute."""
-    return {
-        figure.span_attribute: getattr(stats, figure.field)
-        for figure in STEP_FIGURES
-        if figure.span_attribute is not None
+    of :data:`otel_rollout.figures.STEP_FIGURES` that has a span attribute and a value, and the
+    span ids of the slowest trajectories when the step had some."""
+    attrs: dict[str, Any] = {}
+    for figure in STEP_FIGURES:
+        if figure.span_attribute is not None and (value := figure.value(stats)) is not None:
+            attrs[figure.span_attribute] = value
+    if stats.trajectories is not None and stats.trajectories.slowest_span_ids:
+        attrs[STEP_ATTR_SLOWEST_TRAJECTORIES] = stats.trajectories.slowest_span_ids
+    return attrs
+
+
+def trajectory_span_attributes(trajectory: TrajectoryRecord) -> dict[str, Any]:
+    """An ended trajectory's figures on its span (README's trajectory table)."""
+    attrs: dict[str, Any] = {
+        TRAJECTORY_TURNS: len(trajectory.turns),
+        TRAJECTORY_OUTPUT_TOKENS: trajectory.output_tokens,
+        TRAJECTORY_GENERATION_S: round(trajectory.generation_s, 6),
+        TRAJECTORY_TOOL_S: round(trajectory.tool_s, 6),
+        TRAJECTORY_TOOL_CALLS: len(trajectory.tools),
+        TRAJECTORY_SCORING_S: round(trajectory.scoring_s, 6),
+        TRAJECTORY_WAITING_S: round(trajectory.waiting_s, 6),
+        TRAJECTORY_STATUS: trajectory.status,
     }
+    if trajectory.reward is not None:
+        attrs[TRAJECTORY_REWARD] = trajectory.reward
+    if trajectory.advantage is not None:
+        attrs[TRAJECTORY_ADVANTAGE] = trajectory.advantage
+    return attrs
 
 
 def step_phase_attributes(phases: Mapping[str, float], duration_s: float) -> dict[str, float]:

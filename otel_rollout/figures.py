@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from otel_rollout.config import DEFAULT_RATIO_BUCKETS, IDLE_CAPACITY_BUCKETS, RolloutConfig
 from otel_rollout.semconv import (
@@ -26,6 +27,12 @@ from otel_rollout.semconv import (
     STEP_ATTR_PEAK_ACTIVE,
     STEP_ATTR_TAIL_DURATION,
     STEP_ATTR_TAIL_FRACTION,
+    STEP_ATTR_TRAJECTORIES,
+    STEP_ATTR_TRAJECTORY_DURATION_MAX,
+    STEP_ATTR_TRAJECTORY_DURATION_P50,
+    STEP_ATTR_TRAJECTORY_DURATION_P90,
+    STEP_ATTR_TRAJECTORY_TURNS_MAX,
+    STEP_ATTR_TRAJECTORY_TURNS_P50,
     STEP_DURATION,
     STEP_IDLE_CAPACITY,
     STEP_IDLE_FRACTION,
@@ -34,8 +41,12 @@ from otel_rollout.semconv import (
     STEP_STRAGGLER_RATIO,
     STEP_TAIL_DURATION,
     STEP_TAIL_REQUESTS,
+    STEP_TOOL_SHARE,
     STEP_TRUNCATION_RATIO,
 )
+
+if TYPE_CHECKING:
+    from otel_rollout.analysis import StepStats
 
 FRACTION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
@@ -44,7 +55,8 @@ COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 
 @dataclass(frozen=True)
 class StepFigure:
     field: str
-    """The :class:`~otel_rollout.analysis.StepStats` attribute holding the value."""
+    """The :class:`~otel_rollout.analysis.StepStats` attribute holding the value (dotted for a
+    part of it that a step may lack: ``trajectories.tool_share``)."""
     span_attribute: str | None = None
     """Its name on the step span; ``None`` when the span says it otherwise (its own duration)."""
     metric: str | None = None
@@ -55,6 +67,16 @@ class StepFigure:
     """Explicit bucket advice: boundaries, or the name of the :class:`RolloutConfig` setting."""
     statistic: str | None = None
     """For figures sharing one metric: their ``rollout.statistic`` label (``max``, ``p50``, …)."""
+
+    def value(self, stats: StepStats) -> float | int | None:
+        """The figure's value in ``stats``; ``None`` where the step has none (a dotted field in a
+        part the step lacks: ``trajectories.count`` of a step without trajectories)."""
+        value: Any = stats
+        for part in self.field.split("."):
+            value = getattr(value, part)
+            if value is None:
+                return None
+        return value  # type: ignore[no-any-return]
 
     def boundaries(self, config: RolloutConfig) -> Sequence[float]:
         return getattr(config, self.buckets) if isinstance(self.buckets, str) else self.buckets
@@ -157,6 +179,21 @@ STEP_FIGURES: tuple[StepFigure, ...] = (
         FRACTION_BUCKETS,
     ),
     StepFigure("peak_active", STEP_ATTR_PEAK_ACTIVE),
+    # a step's agentic trajectories (absent from a step without them)
+    StepFigure("trajectories.count", STEP_ATTR_TRAJECTORIES),
+    StepFigure("trajectories.turns_p50", STEP_ATTR_TRAJECTORY_TURNS_P50),
+    StepFigure("trajectories.turns_max", STEP_ATTR_TRAJECTORY_TURNS_MAX),
+    StepFigure("trajectories.duration_p50_s", STEP_ATTR_TRAJECTORY_DURATION_P50),
+    StepFigure("trajectories.duration_p90_s", STEP_ATTR_TRAJECTORY_DURATION_P90),
+    StepFigure("trajectories.duration_max_s", STEP_ATTR_TRAJECTORY_DURATION_MAX),
+    StepFigure(
+        "trajectories.tool_share",
+        STEP_TOOL_SHARE,
+        STEP_TOOL_SHARE,
+        "1",
+        "Share of the step's trajectory time spent in tool calls.",
+        FRACTION_BUCKETS,
+    ),
 )
 """In the step span's attribute order (README's step-span table)."""
 

@@ -128,7 +128,9 @@ class StepInstruments:
                 if figure.statistic is None
                 else {**attrs, ROLLOUT_STATISTIC: figure.statistic}
             )
-            self.histograms[figure.metric].record(getattr(stats, figure.field), labels, context=ctx)
+            value = figure.value(stats)
+            if value is not None:  # a figure of a part the step lacks (its trajectories)
+                self.histograms[figure.metric].record(value, labels, context=ctx)
 
 
 class TrajectoryInstruments:

@@ -190,3 +190,45 @@ class RequestRecord:
         if self.first_token_ns is None or not self.output_tokens or self.output_tokens < 2:
             return None
         return max(0, self.finish_ns - self.first_token_ns) / 1e9 / (self.output_tokens - 1)
+
+
+Interval = tuple[int, int]
+"""``(start_ns, end_ns)``, epoch nanoseconds."""
+
+
+@dataclass(frozen=True)
+class TrajectoryRecord:
+    """One ended agentic trajectory (:mod:`otel_rollout.trajectories`), as its step sees it.
+
+    The intervals are kept, not only their sums, so the step picture can draw the trajectory's
+    lane (its turns and tool calls) and a step log can be redrawn later. Ids identify its span.
+    """
+
+    agent: str
+    start_ns: int
+    end_ns: int
+    status: str
+    turns: tuple[Interval, ...]
+    output_tokens: int
+    tools: tuple[Interval, ...]
+    scoring: tuple[Interval, ...]
+    generation_s: float
+    tool_s: float
+    scoring_s: float
+    waiting_s: float
+    reward: float | None = None
+    advantage: float | None = None
+    trace_id: int = 0
+    span_id: int = 0
+
+    @property
+    def duration_s(self) -> float:
+        return max(0, self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def trace_hex(self) -> str | None:
+        return trace_hex(self.trace_id)
+
+    @property
+    def span_hex(self) -> str | None:
+        return span_hex(self.span_id)

@@ -104,3 +104,16 @@ SCORING_SPAN_NAME = "rollout.scoring"
 # --- baggage ---------------------------------------------------------------------------------
 BAGGAGE_STEP_KEY = "rollout.step.key"
 """An open step's unique key, so requests in other processes can be reported back to it."""
+
+# --- a step's trajectories (step span and step metric) ---------------------------------------
+STEP_ATTR_TRAJECTORIES = "rollout.step.trajectories"
+"""Trajectories that ended in the step (:mod:`otel_rollout.trajectories`)."""
+STEP_ATTR_TRAJECTORY_TURNS_P50 = "rollout.step.trajectory.turns.p50"
+STEP_ATTR_TRAJECTORY_TURNS_MAX = "rollout.step.trajectory.turns.max"
+STEP_ATTR_TRAJECTORY_DURATION_P50 = "rollout.step.trajectory.duration.p50_s"
+STEP_ATTR_TRAJECTORY_DURATION_P90 = "rollout.step.trajectory.duration.p90_s"
+STEP_ATTR_TRAJECTORY_DURATION_MAX = "rollout.step.trajectory.duration.max_s"
+STEP_TOOL_SHARE = "rollout.step.trajectory.tool_share"
+"""Share of the step's trajectory-seconds spent in tool calls: on the step span and a metric."""
+STEP_ATTR_SLOWEST_TRAJECTORIES = "rollout.step.trajectory.slowest"
+"""Span ids (hex) of the step's slowest trajectories, slowest first: their spans are in the step's trace."""

@@ -39,7 +39,7 @@ from otel_rollout.telemetry import StepTelemetry, Telemetry, job_step_telemetry
 if TYPE_CHECKING:
     from opentelemetry.context import Context
 
-    from otel_rollout.record import RequestRecord
+    from otel_rollout.record import RequestRecord, TrajectoryRecord
 
 __all__ = [
     "StepScope",
@@ -116,6 +116,7 @@ class StepScope:
             telemetry.steps if isinstance(telemetry, Telemetry) else telemetry
         )
         self._records: list[RequestRecord] = []
+        self._trajectories: list[TrajectoryRecord] = []
         self._lock = threading.Lock()
         self._token: object | None = None
         self._span: trace.Span | None = None
@@ -133,6 +134,11 @@ class StepScope:
     def observe(self, record: RequestRecord) -> None:
         with self._lock:
             self._records.append(record)
+
+    def observe_trajectory(self, trajectory: TrajectoryRecord) -> None:
+        """An agentic trajectory opened inside this step ended (:mod:`otel_rollout.trajectories`)."""
+        with self._lock:
+            self._trajectories.append(trajectory)
 
     def add_phase(self, name: str, seconds: float) -> None:
         """A phase directly under this step ended (:class:`otel_rollout.phases.PhaseScope`)."""
@@ -184,11 +190,14 @@ class StepScope:
         self._channels = []
         self.partial = missing > 0
         with self._lock:
-            records = list(self._records)
+            records, trajectories = list(self._records), list(self._trajectories)
             self._records.clear()
+            self._trajectories.clear()
         stats: StepStats | None = None
         with telemetry.log.guard("step analytics"):
-            stats = analyze(records, duration, config.tail_quantile, config.summary_stragglers)
+            stats = analyze(
+                records, duration, config.tail_quantile, config.summary_stragglers, trajectories
+            )
         self.stats = stats
         if self._span is not None:
             telemetry.finish_step(
@@ -205,7 +214,7 @@ class StepScope:
             self._span = None
         if stats is not None:
             with telemetry.log.guard("step reports"):
-                reports.publish(self.step, stats, records, config)
+                reports.publish(self.step, stats, records, config, trajectories)
 
     async def __aenter__(self) -> StepScope:
         return self.__enter__()

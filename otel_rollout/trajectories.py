@@ -33,25 +33,19 @@ from opentelemetry import trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as GenAI
 from opentelemetry.trace import SpanKind
 
-from otel_rollout.context import step_number, with_trajectory
+from otel_rollout.attributes import trajectory_span_attributes
+from otel_rollout.context import current_step, step_number, with_trajectory
 from otel_rollout.decorating import each_call_in
 from otel_rollout.instruments import TrajectoryInstruments
+from otel_rollout.record import TrajectoryRecord
 from otel_rollout.semconv import (
     ROLLOUT_STEP,
     SCORING_SPAN_NAME,
-    TRAJECTORY_ADVANTAGE,
-    TRAJECTORY_GENERATION_S,
     TRAJECTORY_GROUP_ID,
-    TRAJECTORY_OUTPUT_TOKENS,
-    TRAJECTORY_REWARD,
     TRAJECTORY_SAMPLE_ID,
-    TRAJECTORY_SCORING_S,
     TRAJECTORY_STATUS,
-    TRAJECTORY_TOOL_CALLS,
-    TRAJECTORY_TOOL_S,
-    TRAJECTORY_TURNS,
-    TRAJECTORY_WAITING_S,
 )
+from otel_rollout.steps import StepScope
 from otel_rollout.telemetry import StepTelemetry, job_step_telemetry, mark_error
 
 if TYPE_CHECKING:
@@ -122,6 +116,7 @@ class TrajectoryScope:
         self._activities: dict[str, list[tuple[int, int]]] = {"tool": [], "scoring": []}
         self._span: trace.Span | None = None
         self._token: object | None = None
+        self._step_scope: StepScope | None = None
         self._start_ns = 0
         self.duration_s: float | None = None
         """The trajectory's wall time once it ended."""
@@ -152,35 +147,40 @@ class TrajectoryScope:
     def turns(self) -> int:
         return len(self._turns)
 
-    def summary(self, end_ns: int) -> dict[str, Any]:
-        """The span attributes of the trajectory as it stands at ``end_ns`` (pure arithmetic)."""
+    def record(self, end_ns: int) -> TrajectoryRecord:
+        """The trajectory as it stands at ``end_ns`` (pure arithmetic over what was observed)."""
         with self._lock:
             turns = list(self._turns)
             tools = list(self._activities["tool"])
             scoring = list(self._activities["scoring"])
 
-        def inside(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        def inside(intervals: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
             # an engine may stamp a turn's arrival before our clock saw the trajectory open
-            return [(max(a, self._start_ns), min(f, end_ns)) for a, f in intervals]
+            return tuple((max(a, self._start_ns), min(f, end_ns)) for a, f in intervals)
 
         generation = inside((a, f) for a, f, _ in turns)
-        tools, scoring = inside(tools), inside(scoring)
+        tools_in, scoring_in = inside(tools), inside(scoring)
         duration = max(0, end_ns - self._start_ns) / 1e9
-        busy = union_seconds([*generation, *tools, *scoring])
-        attrs: dict[str, Any] = {
-            TRAJECTORY_TURNS: len(turns),
-            TRAJECTORY_OUTPUT_TOKENS: sum(t or 0 for _, _, t in turns),
-            TRAJECTORY_GENERATION_S: round(union_seconds(generation), 6),
-            TRAJECTORY_TOOL_S: round(union_seconds(tools), 6),
-            TRAJECTORY_TOOL_CALLS: len(tools),
-            TRAJECTORY_SCORING_S: round(union_seconds(scoring), 6),
-            TRAJECTORY_WAITING_S: round(max(0.0, duration - busy), 6),
-        }
-        if self.reward is not None:
-            attrs[TRAJECTORY_REWARD] = self.reward
-        if self.advantage is not None:
-            attrs[TRAJECTORY_ADVANTAGE] = self.advantage
-        return attrs
+        busy = union_seconds([*generation, *tools_in, *scoring_in])
+        span_context = self._span.get_span_context() if self._span is not None else None
+        return TrajectoryRecord(
+            agent=self.agent,
+            start_ns=self._start_ns,
+            end_ns=end_ns,
+            status=self.status or "completed",
+            turns=generation,
+            output_tokens=sum(t or 0 for _, _, t in turns),
+            tools=tools_in,
+            scoring=scoring_in,
+            generation_s=union_seconds(generation),
+            tool_s=union_seconds(tools_in),
+            scoring_s=union_seconds(scoring_in),
+            waiting_s=max(0.0, duration - busy),
+            reward=self.reward,
+            advantage=self.advantage,
+            trace_id=span_context.trace_id if span_context is not None else 0,
+            span_id=span_context.span_id if span_context is not None else 0,
+        )
 
     # --- scope --------------------------------------------------------------------------------
 
@@ -188,6 +188,8 @@ class TrajectoryScope:
         telemetry = self._telemetry = self._given or job_step_telemetry()
         ctx = otel_context.get_current()
         self.step = step_number(ctx)
+        step = current_step(ctx)
+        self._step_scope = step if isinstance(step, StepScope) else None
         self._start_ns = time.time_ns()
         attrs = {
             **self.attributes,
@@ -219,23 +221,23 @@ class TrajectoryScope:
         if self.status is None:
             self.status = "error" if exc is not None else "completed"
         telemetry = self._telemetry or job_step_telemetry()
-        span, self._span = self._span, None
+        span = self._span
         if span is None:
             return
         try:
             with telemetry.log.guard("trajectory telemetry"):
-                summary = self.summary(end_ns)
-                span.set_attributes({**summary, TRAJECTORY_STATUS: self.status})
+                record = self.record(end_ns)
+                span.set_attributes(trajectory_span_attributes(record))
                 if exc is not None:
                     mark_error(span, exc)
                 label = {TRAJECTORY_STATUS: self.status if self.status in STATUSES else "other"}
                 _instruments_of(telemetry).record(
-                    self.duration_s,
-                    summary[TRAJECTORY_TURNS],
-                    label,
-                    trace.set_span_in_context(span),
+                    self.duration_s, len(record.turns), label, trace.set_span_in_context(span)
                 )
+                if self._step_scope is not None:
+                    self._step_scope.observe_trajectory(record)
         finally:
+            self._span = None
             with telemetry.log.guard("trajectory span"):
                 span.end(end_time=end_ns)
 

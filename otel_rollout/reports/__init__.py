@@ -12,14 +12,18 @@ from collections.abc import Sequence
 from otel_rollout.analysis import StepStats
 from otel_rollout.config import RolloutConfig
 from otel_rollout.guard import PROCESS
-from otel_rollout.record import RequestRecord
+from otel_rollout.record import RequestRecord, TrajectoryRecord
 from otel_rollout.reports.summary import format_summary
 
 __all__ = ["format_summary", "publish"]
 
 
 def publish(
-    step: int | None, stats: StepStats, records: Sequence[RequestRecord], config: RolloutConfig
+    step: int | None,
+    stats: StepStats,
+    records: Sequence[RequestRecord],
+    config: RolloutConfig,
+    trajectories: Sequence[TrajectoryRecord] = (),
 ) -> None:
     """Everything the configuration asks for at a step's end: summary, log line, PNG."""
     if config.step_summary:
@@ -28,7 +32,7 @@ def publish(
         return
     from otel_rollout.reports import steplog
 
-    entry = steplog.step_entry(step, stats, records)
+    entry = steplog.step_entry(step, stats, records, trajectories)
     if config.step_log:
         steplog.append_step_log(config.step_log, entry)
     if config.report_dir:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from otel_rollout.record import FINISH_LENGTH
+from otel_rollout.reports.lanes import draw_lanes
 from otel_rollout.reports.steplog import read_log
 
 if TYPE_CHECKING:
@@ -75,7 +76,9 @@ def _matplotlib() -> Any:
 def write_png(
     entry: Mapping[str, Any], outdir: str | os.PathLike[str], filename: str | None = None
 ) -> str:
-    """Draw one step: request waterfall (left) beside the response-length histogram (right).
+    """Draw one step: request waterfall (left) beside the response-length histogram (right); a
+    step with agentic trajectories gets their lanes (:mod:`otel_rollout.reports.lanes`) instead
+    of the waterfall.
 
     Returns the PNG's path. Raises :class:`ImportError` naming ``otel-rollout[report]`` when
     matplotlib is missing.
@@ -83,11 +86,15 @@ def write_png(
     figure_cls = _matplotlib()
     stats = entry["stats"]
     requests = list(entry["requests"])
-    n = len(requests)
+    trajectories = list(entry.get("trajectories") or ())
+    n = len(trajectories) or len(requests)
     height = 5.5 if n <= 40 else 7.0
     fig = figure_cls(figsize=(15, height), dpi=110, layout="constrained")
     left, right = fig.subplots(1, 2, width_ratios=(3.2, 1))
-    _waterfall(left, requests, stats)
+    if trajectories:
+        draw_lanes(left, trajectories, stats)
+    else:
+        _waterfall(left, requests, stats)
     _histogram(right, requests, stats)
     fig.suptitle(_title(entry), fontsize=12, x=0.01, ha="left")
     out = Path(outdir)
@@ -115,6 +122,13 @@ def _title(entry: Mapping[str, Any]) -> str:
     )
     if trace_id:
         tail += f" · trace {trace_id}"
+    t = s.get("trajectories")
+    if t:
+        tail += (
+            f"\n{t['count']} trajectories · turns p50 {t['turns_p50']} max {t['turns_max']} · "
+            f"duration p50 {t['duration_p50_s']:.2f} s max {t['duration_max_s']:.2f} s · "
+            f"time in tools {t['tool_share']:.0%}, generation {t['generation_share']:.0%}"
+        )
     return f"{head}\n{tail}"
 
 

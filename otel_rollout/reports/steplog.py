@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_rollout.analysis import StepStats
-from otel_rollout.record import RequestRecord
+from otel_rollout.record import RequestRecord, TrajectoryRecord
 
 _logger = logging.getLogger(__name__)
 
@@ -28,9 +28,12 @@ _LOG_LOCK = threading.Lock()
 
 
 def step_entry(
-    step: int | None, stats: StepStats, records: Sequence[RequestRecord]
+    step: int | None,
+    stats: StepStats,
+    records: Sequence[RequestRecord],
+    trajectories: Sequence[TrajectoryRecord] = (),
 ) -> dict[str, Any]:
-    """One step as plain JSON: its analytics and every request's timeline.
+    """One step as plain JSON: its analytics, every request's timeline and every trajectory's.
 
     Times of requests are nanoseconds relative to the step's first arrival (``t0_unix_ns``), which
     keeps lines short and makes the log diffable across runs; ``t0_unix_ns`` is kept so a request
@@ -55,6 +58,22 @@ def step_entry(
         }
         for record in records
     ]
+    trajectory_entries = [
+        {
+            "agent": t.agent,
+            "start_ns": t.start_ns - t0,
+            "end_ns": t.end_ns - t0,
+            "status": t.status,
+            "turns": [[a - t0, f - t0] for a, f in t.turns],
+            "tools": [[a - t0, f - t0] for a, f in t.tools],
+            "scoring": [[a - t0, f - t0] for a, f in t.scoring],
+            "output_tokens": t.output_tokens,
+            "reward": t.reward,
+            "trace_id": t.trace_hex,
+            "span_id": t.span_hex,
+        }
+        for t in sorted(trajectories, key=lambda t: t.start_ns)
+    ]
     stats_dict = asdict(stats)
     stats_dict["tail_fraction"] = stats.tail_fraction
     stats_dict["tail_start_ns"] = stats.tail_start_ns - t0
@@ -66,6 +85,7 @@ def step_entry(
         "trace_id": trace_ids.pop() if len(trace_ids) == 1 else None,
         "stats": stats_dict,
         "requests": requests,
+        "trajectories": trajectory_entries,
     }
 
 

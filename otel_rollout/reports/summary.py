@@ -25,4 +25,18 @@ def format_summary(step: int | None, stats: StepStats) -> str:
             f"  slow: {s.duration_s:8.3f} s {tokens:>6} tokens "
             f"{s.finish_reason or '-':<6} trace_id={s.trace_id}{span}"
         )
+    if (t := stats.trajectories) is not None:
+        statuses = " ".join(f"{name} {count}" for name, count in t.statuses.items())
+        lines.append(
+            f"  trajectories: {t.count} ({statuses}) | turns p50 {t.turns_p50} max {t.turns_max} | "
+            f"duration p50 {t.duration_p50_s:.2f} s p90 {t.duration_p90_s:.2f} s "
+            f"max {t.duration_max_s:.2f} s | time in generation {t.generation_share:.0%} "
+            f"tools {t.tool_share:.0%} scoring {t.scoring_share:.0%}"
+        )
+        for slow in t.slowest:
+            lines.append(
+                f"  slow trajectory: {slow.duration_s:8.3f} s {slow.turns:>3} turns "
+                f"tools {slow.tool_s:.3f} s {slow.status:<9} trace_id={slow.trace_id} "
+                f"span_id={slow.span_id}"
+            )
     return "\n".join(lines)

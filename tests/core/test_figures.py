@@ -5,23 +5,33 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_rollout import semconv
-from otel_rollout.analysis import StepStats, analyze
+from otel_rollout.analysis import StepStats, TrajectoryStats, analyze
 from otel_rollout.attributes import step_span_attributes
 from otel_rollout.config import RolloutConfig
 from otel_rollout.figures import STEP_FIGURES, step_metrics
 from otel_rollout.instruments import StepInstruments
+from otel_rollout.record import TrajectoryRecord
 from testkit.records import make_record
 
 
-def test_every_figure_reads_a_stepstats_value() -> None:
-    fields = {f.name for f in dataclasses.fields(StepStats)} | {
-        name for name, value in vars(StepStats).items() if isinstance(value, property)
+def _fields(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)} | {
+        name for name, value in vars(cls).items() if isinstance(value, property)
     }
-    assert {f.field for f in STEP_FIGURES} <= fields
+
+
+def test_every_figure_reads_a_stepstats_value() -> None:
+    parts = {"trajectories": TrajectoryStats}
+    for figure in STEP_FIGURES:
+        head, _, rest = figure.field.partition(".")
+        assert head in _fields(StepStats), figure
+        if rest:
+            assert rest in _fields(parts[head]), figure
     assert len({f.field for f in STEP_FIGURES}) == len(STEP_FIGURES)
 
 
@@ -45,7 +55,7 @@ def test_figures_sharing_a_metric_agree_and_say_which_statistic() -> None:
     assert set(step_metrics()) == set(shared)
 
 
-def _stats() -> StepStats:
+def _stats(trajectories: tuple[TrajectoryRecord, ...] = ()) -> StepStats:
     start = 1_000_000_000_000
     records = [
         make_record(
@@ -58,17 +68,49 @@ def _stats() -> StepStats:
         )
         for n in (4, 8, 8, 16, 64)
     ]
-    stats = analyze(records, duration_s=7.0)
+    stats = analyze(records, duration_s=7.0, trajectories=trajectories)
     assert stats is not None
     return stats
 
 
-def test_span_attributes_and_points_come_from_the_table() -> None:
-    stats = _stats()
+def _trajectory(seconds: float, tool_s: float, span_id: int) -> TrajectoryRecord:
+    start = 1_000_000_000_000
+    end = start + int(seconds * 1e9)
+    return TrajectoryRecord(
+        agent="a",
+        start_ns=start,
+        end_ns=end,
+        status="completed",
+        turns=((start, start + 10),),
+        output_tokens=3,
+        tools=((start + 10, start + 10 + int(tool_s * 1e9)),),
+        scoring=(),
+        generation_s=1e-8,
+        tool_s=tool_s,
+        scoring_s=0.0,
+        waiting_s=0.0,
+        trace_id=1,
+        span_id=span_id,
+    )
+
+
+@pytest.mark.parametrize("with_trajectories", [False, True])
+def test_span_attributes_and_points_come_from_the_table(with_trajectories: bool) -> None:
+    trajectories = (_trajectory(2.0, 1.0, 7), _trajectory(1.0, 0.5, 8)) if with_trajectories else ()
+    stats = _stats(trajectories)
     attrs = step_span_attributes(stats)
-    assert attrs == {
-        f.span_attribute: getattr(stats, f.field) for f in STEP_FIGURES if f.span_attribute
+    expected_attrs = {
+        f.span_attribute: f.value(stats)
+        for f in STEP_FIGURES
+        if f.span_attribute and f.value(stats) is not None
     }
+    if with_trajectories:
+        assert attrs.pop(semconv.STEP_ATTR_SLOWEST_TRAJECTORIES) == [f"{7:016x}", f"{8:016x}"]
+        assert expected_attrs[semconv.STEP_TOOL_SHARE] == pytest.approx(0.5)
+        assert expected_attrs[semconv.STEP_ATTR_TRAJECTORIES] == 2
+    else:
+        assert not any(k.startswith("rollout.step.trajector") for k in attrs)
+    assert attrs == expected_attrs
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
     StepInstruments(provider.get_meter("otel_rollout.steps"), RolloutConfig()).record(
@@ -86,8 +128,9 @@ def test_span_attributes_and_points_come_from_the_table() -> None:
         for p in m.data.data_points
     }
     expected = {
-        (f.metric, f.statistic): (f.unit, getattr(stats, f.field), 1)
+        (f.metric, f.statistic): (f.unit, f.value(stats), 1)
         for f in STEP_FIGURES
-        if f.metric
+        if f.metric and f.value(stats) is not None
     }
+    assert ((semconv.STEP_TOOL_SHARE, None) in points) == with_trajectories
     assert points == expected

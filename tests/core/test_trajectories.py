@@ -8,16 +8,25 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+from matplotlib.axes import Axes
+from matplotlib.collections import LineCollection
+from matplotlib.figure import Figure
 
 from otel_rollout import rollout_step
+from otel_rollout.config import RolloutConfig
+from otel_rollout.reports.lanes import C_TOOL, C_TURN, draw_lanes, lane_order
+from otel_rollout.reports.steplog import read_log
 from otel_rollout.semconv import (
     STEP_SPAN_NAME,
+    STEP_TOOL_SHARE,
     TRAJECTORY_DURATION,
     TRAJECTORY_STATUS,
     TRAJECTORY_TURNS,
 )
+from otel_rollout.steps import StepScope
 from otel_rollout.telemetry import Telemetry
 from otel_rollout.trajectories import (
     rollout_scoring,
@@ -155,3 +164,107 @@ def test_an_unknown_status_is_bounded_on_the_metric(otel: OTelHarness) -> None:
     assert span.attributes[TRAJECTORY_STATUS] == "made-up-by-the-loop"
     labels = {p.attributes[TRAJECTORY_STATUS] for p in otel.metric_points(TRAJECTORY_DURATION)}
     assert labels == {"other"}
+
+
+def test_the_step_reports_its_trajectories(
+    otel: OTelHarness,
+    make_telemetry: Callable[..., Telemetry],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Per-step trajectory figures: span, stats, summary, step log and PNG lanes, each against
+    what the loop itself measured (tool seconds, turns) and the trajectory spans."""
+    telemetry = make_telemetry()
+    config = RolloutConfig(
+        step_summary=True, step_log=str(tmp_path / "steps.jsonl"), report_dir=str(tmp_path)
+    )
+    own: dict[int, dict[str, float]] = {}
+    with StepScope(9, config=config) as step:
+        for sample, (turns, tool_s) in enumerate(((1, 0.0), (2, 0.06), (3, 0.02), (2, 0.12))):
+            started = time.monotonic()
+            with rollout_trajectory("coder", sample_id=sample) as traj:
+                for turn in range(turns):
+                    _turn(telemetry, 0.01, 4)
+                    if turn == 0 and tool_s:
+                        with rollout_tool("python"):
+                            time.sleep(tool_s)
+                if sample == 2:
+                    traj.set_status("truncated")
+            own[sample] = {"turns": turns, "tool_s": tool_s, "s": time.monotonic() - started}
+    spans = otel.finished_spans()
+    by_sample = {
+        int(s.attributes["rollout.trajectory.sample_id"]): s
+        for s in spans
+        if s.name == "invoke_agent coder"
+    }
+    (step_span,) = [s for s in spans if s.name == STEP_SPAN_NAME]
+    a = step_span.attributes
+    durations = sorted((s.end_time - s.start_time) / 1e9 for s in by_sample.values())
+    assert a["rollout.step.trajectories"] == 4
+    assert (a["rollout.step.trajectory.turns.p50"], a["rollout.step.trajectory.turns.max"]) == (
+        2,
+        3,
+    )
+    assert a["rollout.step.trajectory.duration.max_s"] == pytest.approx(durations[-1], abs=1e-6)
+    assert a["rollout.step.trajectory.duration.p50_s"] == pytest.approx(durations[1], abs=1e-6)
+    tool_total = sum(s.attributes["rollout.trajectory.tool_s"] for s in by_sample.values())
+    assert a["rollout.step.trajectory.tool_share"] == pytest.approx(
+        tool_total / sum(durations), abs=1e-5  # the spans' seconds are rounded to µs
+    )
+    assert sum(v["tool_s"] for v in own.values()) <= tool_total <= 0.2 + 0.02
+    slowest = sorted(by_sample.values(), key=lambda s: s.end_time - s.start_time, reverse=True)
+    assert list(a["rollout.step.trajectory.slowest"]) == [
+        f"{s.context.span_id:016x}" for s in slowest
+    ]
+    assert max(own, key=lambda k: own[k]["s"]) == int(
+        slowest[0].attributes["rollout.trajectory.sample_id"]
+    )
+    # the step's point of the tool-share histogram, exemplar on the step span
+    (point,) = otel.metric_points(STEP_TOOL_SHARE)
+    assert point.sum == pytest.approx(a["rollout.step.trajectory.tool_share"])
+    stats = step.stats
+    assert stats is not None and stats.trajectories is not None
+    assert stats.trajectories.statuses == {"completed": 3, "truncated": 1}
+    # the terminal summary names the slowest trajectory by its span id
+    err = capsys.readouterr().err
+    assert "trajectories: 4 (completed 3 truncated 1) | turns p50 2 max 3" in err
+    assert f"span_id={slowest[0].context.span_id:016x}" in err.split("slow trajectory:")[1]
+    # the step log keeps each trajectory's turns and tool calls (relative to the step's t0)
+    (entry,) = list(read_log(tmp_path / "steps.jsonl"))
+    lanes = {t["span_id"]: t for t in entry["trajectories"]}
+    t0 = entry["t0_unix_ns"]
+    for sample, span in by_sample.items():
+        lane = lanes[f"{span.context.span_id:016x}"]
+        assert len(lane["turns"]) == own[sample]["turns"]
+        assert len(lane["tools"]) == (1 if own[sample]["tool_s"] else 0)
+        assert (lane["start_ns"] + t0, lane["end_ns"] + t0) == (span.start_time, span.end_time)
+        tools = [
+            s
+            for s in spans
+            if s.name == "execute_tool python" and s.parent.span_id == span.context.span_id
+        ]
+        assert [[s.start_time - t0, s.end_time - t0] for s in tools] == lane["tools"]
+    # the PNG draws those lanes: every turn and tool call as a segment on its trajectory's row
+    assert (tmp_path / "step-000009.png").stat().st_size > 10_000
+    ax = Figure().subplots()
+    draw_lanes(ax, entry["trajectories"], entry["stats"])
+    order = lane_order(entry["trajectories"])
+    for colour, key in ((C_TOOL, "tools"), (C_TURN, "turns")):
+        expected = sorted(
+            (row, start / 1e9) for row, lane in enumerate(order) for start, _ in lane[key]
+        )
+        drawn = _segments(ax, colour)
+        assert [row for row, _ in drawn] == [row for row, _ in expected], key
+        assert [x for _, x in drawn] == pytest.approx([x for _, x in expected]), key
+
+
+def _segments(ax: Axes, colour: str) -> list[tuple[int, float]]:
+    """(row, start in s) of every segment drawn in ``colour``."""
+    rgb = tuple(int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5))
+    return sorted(
+        (round(seg[0][1]), float(seg[0][0]))
+        for collection in ax.collections
+        if isinstance(collection, LineCollection)
+        and tuple(collection.get_colors()[0][:3]) == pytest.approx(rgb)
+        for seg in collection.get_segments()
+    )
