@@ -209,7 +209,8 @@ def test_the_step_reports_its_trajectories(
     assert a["rollout.step.trajectory.duration.p50_s"] == pytest.approx(durations[1], abs=1e-6)
     tool_total = sum(s.attributes["rollout.trajectory.tool_s"] for s in by_sample.values())
     assert a["rollout.step.trajectory.tool_share"] == pytest.approx(
-        tool_total / sum(durations), abs=1e-5  # the spans' seconds are rounded to µs
+        tool_total / sum(durations),
+        abs=1e-5,  # the spans' seconds are rounded to µs
     )
     assert sum(v["tool_s"] for v in own.values()) <= tool_total <= 0.2 + 0.02
     slowest = sorted(by_sample.values(), key=lambda s: s.end_time - s.start_time, reverse=True)
