@@ -12,7 +12,8 @@ Grafana placeholders are replaced so the result is plain PromQL:
   any dashboard variable ($model, ${provider}, ${replica:regex}, ...) -> .*
 An unknown placeholder raises ValueError, so a new variable cannot slip through unsubstituted.
 
-``all_traceql_queries(repo_root)`` does the same for the TraceQL queries of Tempo targets.
+``all_traceql_queries(repo_root)`` does the same for the TraceQL queries of Tempo targets and of
+the dashboards' links into Explore.
 Only the standard library and PyYAML are needed; the module has no package-relative imports,
 so it can be loaded by path from anywhere.
 """
@@ -34,7 +35,7 @@ BUILTINS = {
     "__tags": 'job=~".*"',
 }
 # TraceQL uses the same placeholder syntax; durations must stay durations there.
-TRACEQL_VARIABLE_VALUES = {"min_duration": "30s"}
+TRACEQL_VARIABLE_VALUES = {"min_duration": "30s", "step": "1"}
 
 _PLACEHOLDER = re.compile(r"\$\$?(?:\{(?P<braced>\w+)(?::\w+)?\}|(?P<bare>\w+))")
 
@@ -153,6 +154,24 @@ def all_traceql_queries(repo_root: str | Path) -> list[tuple[str, str]]:
                     out.append(
                         (src, _substitute(t["query"], variables, src, TRACEQL_VARIABLE_VALUES))
                     )
+        for link in dash.get("links") or []:
+            for query in explore_traceql(link.get("url", "")):
+                src = f"{rel}: link {link.get('title')!r}"
+                out.append((src, _substitute(query, variables, src, TRACEQL_VARIABLE_VALUES)))
+    return out
+
+
+def explore_traceql(url: str) -> list[str]:
+    """The TraceQL queries of a Grafana Explore link (``/explore?panes=<json>``)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    parts = urlsplit(url)
+    if parts.path != "/explore":
+        return []
+    out = []
+    for pane_json in parse_qs(parts.query).get("panes", []):
+        for pane in json.loads(pane_json).values():
+            out += [q["query"] for q in pane.get("queries", []) if q.get("queryType") == "traceql"]
     return out
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
@@ -46,6 +47,14 @@ REQ = (
 )
 # Step analytics come from the process that drives the step (the trainer), per service.
 STEP = 'job=~"$service"'
+# Trajectories (rollout_trajectory) are recorded where the agent loop runs; no engine labels.
+TRAJ = 'job=~"$service", instance=~"$replica"'
+INVOKE_AGENT = 'span.gen_ai.operation.name = "invoke_agent"'
+TRAJECTORY_COLUMNS = (
+    "span.gen_ai.agent.name, span.rollout.step, span.rollout.trajectory.turns, "
+    "span.rollout.trajectory.tool_s, span.rollout.trajectory.generation_s, "
+    "span.rollout.trajectory.reward, span.rollout.trajectory.status"
+)
 RI = "$__rate_interval"
 
 
@@ -202,7 +211,7 @@ def latency_heatmap(title: str, expr: str, unit: str, description: str) -> heatm
     )
 
 
-def variables() -> list[db.QueryVariable | db.CustomVariable]:
+def variables() -> list[db.QueryVariable | db.CustomVariable | db.TextBoxVariable]:
     def qvar(name: str, label: str, query: str) -> db.QueryVariable:
         return (
             db.QueryVariable(name)
@@ -229,6 +238,12 @@ def variables() -> list[db.QueryVariable | db.CustomVariable]:
         ),
         qvar("provider", "Provider", f"label_values({base}, gen_ai_provider_name)"),
         qvar("model", "Model", f"label_values({base}, gen_ai_request_model)"),
+        (
+            db.TextBoxVariable("step")
+            .label("Step (trajectories, TraceQL)")
+            .default_value("1")
+            .description("The training step whose trajectories the Tempo table lists.")
+        ),
         (
             db.CustomVariable("min_duration")
             .label("Slow request (TraceQL)")
@@ -365,6 +380,89 @@ def row_steps(d: db.Dashboard) -> db.Dashboard:
             "training step's time goes besides generation. Mean over the phases that ended in "
             "each interval; a phase timed twice in a step counts twice.",
             w=24,
+        )
+    )
+    return d
+
+
+def trajectory_table(title: str, query: str, description: str, limit: int) -> table.Panel:
+    return (
+        table.Panel()
+        .title(title)
+        .datasource(TEMPO)
+        .span(24)
+        .height(8)
+        .description(description)
+        .with_target(
+            tempo.TempoQuery()
+            .ref_id("A")
+            .datasource(TEMPO)
+            .query_type("traceql")
+            .limit(limit)
+            .table_type(tm.SearchTableType.SPANS)
+            .query(query)
+        )
+    )
+
+
+def row_trajectories(d: db.Dashboard) -> db.Dashboard:
+    """Agentic rollouts: one point and one span per trajectory (``rollout_trajectory``)."""
+    d = d.with_row(db.Row("Agentic trajectories"))
+    d = d.with_panel(
+        latency_heatmap(
+            "Trajectory duration (exemplars open the trajectory's trace)",
+            heatmap_expr("rollout_trajectory_duration_seconds", TRAJ),
+            "s",
+            "rollout.trajectory.duration: one observation per sample's trajectory (its turns, "
+            "tool calls and scoring). A dot is an exemplar: the trajectory span of that bucket.",
+        )
+    )
+    d = d.with_panel(
+        ts(
+            "Turns per trajectory and tool share of trajectory time",
+            "short",
+            prom("A", quantile("0.5", "rollout_trajectory_turns", TRAJ), "turns p50"),
+            prom("B", quantile("0.9", "rollout_trajectory_turns", TRAJ), "turns p90"),
+            prom(
+                "C",
+                mean_per_step("rollout_step_trajectory_tool_share"),
+                "tool share of trajectory time (per step)",
+            ),
+            description="Turns: engine requests per trajectory. Tool share: per step, the "
+            "trajectories' seconds in tool calls over their total seconds "
+            "(rollout.step.trajectory.tool_share).",
+        )
+    )
+    d = d.with_panel(
+        ts(
+            "Trajectories per second by how they ended",
+            "short",
+            prom(
+                "A",
+                count_rate(
+                    "rollout_trajectory_duration_seconds", TRAJ, by="rollout_trajectory_status"
+                ),
+                "{{rollout_trajectory_status}}",
+            ),
+            w=24,
+        )
+    )
+    d = d.with_panel(
+        trajectory_table(
+            "Slowest trajectories of step $step (sort by Duration; click a trace id)",
+            f"{{ {INVOKE_AGENT} && span.rollout.step = $step }} | select({TRAJECTORY_COLUMNS})",
+            "Every trajectory span of the step chosen above, with its turns, tool and generation "
+            "seconds, reward and status. The step span lists the slowest ones' span ids too "
+            "(rollout.step.trajectory.slowest).",
+            100,
+        )
+    )
+    d = d.with_panel(
+        trajectory_table(
+            "Trajectories slower than $min_duration",
+            f"{{ {INVOKE_AGENT} && duration > $min_duration }} | select({TRAJECTORY_COLUMNS})",
+            "Across steps: the long conversations and slow tools the steps waited on.",
+            50,
         )
     )
     return d
@@ -529,8 +627,41 @@ def rollout_long_tail() -> dm.Dashboard:
     d = row_latency(d)
     d = row_steps(d)
     d = row_engines(d)
+    d = row_trajectories(d)
     d = row_traces(d)
+    d = d.link(
+        db.DashboardLink("Slowest trajectories of step $step (Tempo, Explore)")
+        .type(dm.DashboardLinkType.LINK)
+        .url(explore_url(f"{{ {INVOKE_AGENT} && span.rollout.step = $step }}"))
+        .include_vars(False)
+        .keep_time(True)
+        .target_blank(True)
+        .tooltip("TraceQL over the trajectory spans of one step")
+    )
     return d.build()
+
+
+def explore_url(traceql: str) -> str:
+    """Grafana Explore on the Tempo datasource with ``traceql`` as the query (``$step`` is kept
+    for Grafana to fill in)."""
+    pane = {
+        "t": {
+            "datasource": TEMPO_UID,
+            "queries": [
+                {
+                    "refId": "A",
+                    "datasource": {"type": "tempo", "uid": TEMPO_UID},
+                    "queryType": "traceql",
+                    "query": traceql,
+                    "tableType": "spans",
+                }
+            ],
+            "range": {"from": "now-3h", "to": "now"},
+        }
+    }
+    return "/explore?schemaVersion=1&panes=" + quote(
+        json.dumps(pane, separators=(",", ":")), safe="$"
+    )
 
 
 DASHBOARDS = {"rollout-long-tail.json": rollout_long_tail}

@@ -88,6 +88,8 @@ def scraped_run(
             "--linger",
             "--engine-stats",
             "--phases",  # the dashboard's phase panel must have data too
+            "--agents",  # and its trajectory row
+            "2",
         ),
         env=env,
         cwd=REPO,

@@ -3,7 +3,8 @@
 Meant to run under ``opentelemetry-instrument`` so that everything — providers, exporters, our
 instrumentor — is set up the zero-code way, from environment variables alone. It runs a few
 ``rollout_step``s of a long-tailed batch on the real vLLM CPU engine (with ``--phases``, each
-step's generation and a scoring as its phases, ``rollout_phase``), prints one JSON line per
+step's generation and a scoring as its phases, ``rollout_phase``; with ``--agents`` its prompts as
+agentic trajectories, ``rollout_trajectory``), prints one JSON line per
 request (the truth the test compares telemetry against), prints ``DONE``, and then stays alive
 until its standard input closes so a scraper can read its metrics endpoint.
 """
@@ -12,11 +13,34 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+from typing import Any
 
 from otel_rollout import rollout_phase, rollout_step
 from otel_rollout.sdk import force_flush
+from otel_rollout.trajectories import rollout_scoring, rollout_tool, rollout_trajectory
 from testkit.engines import VLLM_KWARGS, long_tail_lengths, vllm_environment
+
+
+def agentic(llm: Any, prompts: list[str], params: list[Any], agents: int) -> list[Any]:
+    """The step's prompts as ``agents`` trajectories: each generates its share, calls a tool (a
+    Python subprocess) and scores; the requests are the same as without trajectories."""
+    outputs: list[Any] = []
+    for k in range(agents):
+        with rollout_trajectory("e2e_agent", sample_id=k) as trajectory:
+            outputs += llm.generate(prompts[k::agents], params[k::agents], use_tqdm=False)
+            with rollout_tool("python"):
+                subprocess.run([sys.executable, "-c", "pass"], check=True, timeout=60)
+            with rollout_scoring():
+                trajectory.set_reward(float(len(outputs) % 3))
+    return outputs
+
+
+def generate(llm: Any, prompts: list[str], params: list[Any], agents: int) -> list[Any]:
+    if agents:
+        return agentic(llm, prompts, params, agents)
+    return list(llm.generate(prompts, params, use_tqdm=False))
 
 
 def main() -> None:
@@ -33,6 +57,13 @@ def main() -> None:
     parser.add_argument(
         "--phases", action="store_true", help="generation and scoring as the steps' phases"
     )
+    parser.add_argument(
+        "--agents",
+        type=int,
+        default=0,
+        help="split each step's prompts over this many agentic trajectories, each a generate, "
+        "a real tool call (a subprocess) and a scoring",
+    )
     args = parser.parse_args()
     vllm_environment()
     import vllm
@@ -44,10 +75,10 @@ def main() -> None:
         prompts = [f"step {step} prompt {i}" for i in range(len(lengths))]
         with rollout_step(step):
             if not args.phases:
-                outputs = llm.generate(prompts, params, use_tqdm=False)
+                outputs = generate(llm, prompts, params, args.agents)
             else:
                 with rollout_phase("generation"):
-                    outputs = llm.generate(prompts, params, use_tqdm=False)
+                    outputs = generate(llm, prompts, params, args.agents)
                 with rollout_phase("reward"):  # what a trainer does next: score the samples
                     sum(len(set(o.outputs[0].token_ids)) for o in outputs)
         for out in outputs:

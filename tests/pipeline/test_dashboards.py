@@ -183,7 +183,7 @@ def test_dashboard_provider_matches_compose_mount(repo_root: Path) -> None:
 # --- "Slowest requests" lists request spans only ------------------------------------------------
 
 _CLAUSE = re.compile(
-    r'^(name|duration|span\.[\w.]+)\s*(!=|=~|!~|>=|<=|=|>|<)\s*(nil|"[^"]*"|\d+(?:ns|ms|s|m|h))$'
+    r'^(name|duration|span\.[\w.]+)\s*(!=|=~|!~|>=|<=|=|>|<)\s*(nil|"[^"]*"|\d+(?:ns|ms|s|m|h)?)$'
 )
 _UNITS_NS = {"ns": 1, "ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
 
@@ -213,6 +213,8 @@ def _spanset_filter(query: str) -> Callable[[Any], bool]:
             return None
         if rhs.startswith('"'):
             return rhs[1:-1]
+        if rhs.isdigit():
+            return int(rhs)
         number, unit = re.match(r"(\d+)(\D+)", rhs).groups()  # type: ignore[union-attr]
         return int(number) * _UNITS_NS[unit]
 
@@ -287,3 +289,67 @@ def test_slowest_requests_table_lists_request_spans_only(dashboards: dict[str, d
             assert sorted(s.attributes.get("gen_ai.response.id") for s in listed) == ["r1", "r2"], (
                 f"{target['query']} lists {[s.name for s in listed]}"
             )
+
+
+def test_trajectory_row_and_the_step_link(dashboards: dict[str, dict]) -> None:
+    """The trajectory heatmap has exemplars, and the trajectory tables and the Explore link,
+    run over real spans of two steps, list exactly the trajectory spans they name."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_rollout.config import RolloutConfig
+    from otel_rollout.steps import StepScope
+    from otel_rollout.telemetry import Telemetry, step_telemetry
+    from otel_rollout.trajectories import TrajectoryScope, rollout_tool
+    from testkit.promql import explore_traceql
+    from testkit.records import make_record
+
+    dash = dashboards["rollout-long-tail.json"]
+    panels = [p for p in _panels(dash["panels"]) if p["type"] != "row"]
+    (traj_heatmap,) = [
+        p for p in panels if p["type"] == "heatmap" and "rollout_trajectory_duration" in str(p)
+    ]
+    assert all(t["exemplar"] is True for t in traj_heatmap["targets"])
+    exprs = " ".join(t.get("expr", "") for p in panels for t in p["targets"])
+    for metric in ("rollout_trajectory_turns", "rollout_step_trajectory_tool_share_sum"):
+        assert metric in exprs
+
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    meter_provider = MeterProvider()
+    telemetry = Telemetry(
+        "vllm",
+        tracer_provider.get_tracer("dashboards"),
+        meter_provider.get_meter("d"),
+        RolloutConfig(),
+    )
+    steps = step_telemetry(tracer_provider, meter_provider)
+    for step in (1, 2):
+        with StepScope(step, config=RolloutConfig(), telemetry=steps):
+            for sample in range(2):
+                with TrajectoryScope("coder", sample_id=f"{step}-{sample}", telemetry=steps):
+                    telemetry.emit(make_record("tiny", request_id=f"r{step}{sample}"))
+                    with rollout_tool("python"):
+                        pass
+    telemetry.flush()
+    spans = exporter.get_finished_spans()
+    assert sum(1 for s in spans if s.name == "invoke_agent coder") == 4
+
+    def listed(query: str, step: str) -> list[str]:
+        query = query.replace("$step", step).replace("$min_duration", "0s")
+        return sorted(
+            str(s.attributes["rollout.trajectory.sample_id"])
+            for s in spans
+            if _spanset_filter(query)(s)
+        )
+
+    (by_step,) = [p for p in panels if p["type"] == "table" and "of step $step" in p["title"]]
+    assert listed(by_step["targets"][0]["query"], "2") == ["2-0", "2-1"]
+    (slow,) = [p for p in panels if p["type"] == "table" and p["title"].startswith("Trajectories")]
+    assert listed(slow["targets"][0]["query"], "1") == ["1-0", "1-1", "2-0", "2-1"]
+    (link,) = [link for link in dash["links"] if "trajectories" in link["title"]]
+    (query,) = explore_traceql(link["url"])
+    assert listed(query, "1") == ["1-0", "1-1"]
