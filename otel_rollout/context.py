@@ -18,18 +18,25 @@ from otel_rollout.semconv import ROLLOUT_STEP
 if TYPE_CHECKING:
     from opentelemetry.context import Context
 
-    from otel_rollout.record import RequestRecord
+    from otel_rollout.record import RequestRecord, TrajectoryRecord
 
 _STEP_KEY = otel_context.create_key("otel_rollout.step")
 _TRAJECTORY_KEY = otel_context.create_key("otel_rollout.trajectory")
 
 
-class StepCollector(Protocol):
-    """What the emitter needs of an open step: its number, and a place for finished requests."""
+class RecordCollector(Protocol):
+    """Something that collects the finished requests of its context: a step, a trajectory."""
+
+    def observe(self, record: RequestRecord) -> None: ...
+
+
+class StepCollector(RecordCollector, Protocol):
+    """What the emitter needs of an open step: its number, and a place for finished requests
+    and for the trajectories that ended in it."""
 
     step: int | None
 
-    def observe(self, record: RequestRecord) -> None: ...
+    def observe_trajectory(self, trajectory: TrajectoryRecord) -> None: ...
 
 
 def current_step(ctx: Context | None = None) -> StepCollector | None:
@@ -58,16 +65,18 @@ def with_step(collector: StepCollector, ctx: Context) -> Context:
     return ctx
 
 
-def current_trajectory(ctx: Context | None = None) -> StepCollector | None:
+def current_trajectory(ctx: Context | None = None) -> RecordCollector | None:
     """The agentic trajectory (:mod:`otel_rollout.trajectories`) this context's requests are
     turns of, if one is open in this process."""
-    return cast("StepCollector | None", otel_context.get_value(_TRAJECTORY_KEY, ctx))
+    return cast("RecordCollector | None", otel_context.get_value(_TRAJECTORY_KEY, ctx))
 
 
-def with_trajectory(collector: StepCollector, ctx: Context) -> Context:
+def with_trajectory(collector: RecordCollector | None, ctx: Context) -> Context:
+    """``ctx`` with ``collector`` as its trajectory; ``None``: requests in it are no turns of one
+    (a client that counts the turn itself, while an engine in this process serves it)."""
     return otel_context.set_value(_TRAJECTORY_KEY, collector, ctx)
 
 
-def collectors(ctx: Context | None = None) -> tuple[StepCollector, ...]:
+def collectors(ctx: Context | None = None) -> tuple[RecordCollector, ...]:
     """Everything that collects this context's finished requests: its step, its trajectory."""
     return tuple(c for c in (current_step(ctx), current_trajectory(ctx)) if c is not None)

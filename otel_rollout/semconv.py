@@ -97,6 +97,11 @@ TRAJECTORY_WAITING_S = "rollout.trajectory.waiting_s"
 """Trajectory seconds in no turn, tool call or scoring (queues, the loop's own code)."""
 TRAJECTORY_REWARD = "rollout.trajectory.reward"
 TRAJECTORY_ADVANTAGE = "rollout.trajectory.advantage"
+TRAJECTORY_TURN_TIMING = "rollout.trajectory.turn_timing"
+"""Whose clock timed the turns (``generation_s``): ``engine_request`` (each turn is a request
+record of an instrumented engine in this process, as its span's ``rollout.timing.source`` says),
+``client_call`` (the loop's client timed its call to an engine in another process: verl's Ray
+call to its server actor), or ``mixed``."""
 TRAJECTORY_STATUS = "rollout.trajectory.status"
 """How it ended: completed, truncated, aborted, stale_dropped, error (bounded: a metric label)."""
 SCORING_SPAN_NAME = "rollout.scoring"

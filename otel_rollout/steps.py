@@ -61,6 +61,8 @@ class RemoteRequests(Protocol):
     records: list[RequestRecord]
     missing_calls: int
     """Remote calls made under the step that never reported (their worker died, or is late)."""
+    trajectories: list[TrajectoryRecord]
+    """Trajectories that ended in those processes (an agent-loop worker's)."""
 
 
 class StepChannel(Protocol):
@@ -148,21 +150,22 @@ class StepScope:
     # --- context manager ----------------------------------------------------------------------
 
     def __enter__(self) -> StepScope:
-        # One instant for the span's start and the step's duration: the span is the scope.
-        self._started, start_ns = time.monotonic(), time.time_ns()
         if self._config is None:
             self._config = load_config(warn=False)
         telemetry = self._telemetry or job_step_telemetry()
         self._telemetry = telemetry
-        ctx: Context = otel_context.get_current()
-        with telemetry.log.guard("step span"):
-            self._span = telemetry.start_step(self.step, self.attributes, start_ns)
-            ctx = trace.set_span_in_context(self._span, ctx)
-        ctx = with_step(self, ctx)
+        ctx: Context = with_step(self, otel_context.get_current())
         for channel in list(_CHANNELS):
             with telemetry.log.guard("step channel"):
                 ctx = channel.open(self, ctx)
                 self._channels.append(channel)
+        # One instant for the span's start and the step's duration, taken after our own set-up
+        # (the first step builds the telemetry, the Ray channel finds its collector): the span
+        # is the caller's scope, as long as a framework's own step timer, not our cost.
+        self._started, start_ns = time.monotonic(), time.time_ns()
+        with telemetry.log.guard("step span"):
+            self._span = telemetry.start_step(self.step, self.attributes, start_ns)
+            ctx = trace.set_span_in_context(self._span, ctx)
         self._token = otel_context.attach(ctx)
         return self
 
@@ -183,6 +186,7 @@ class StepScope:
                 remote = channel.close(self, config.step_wait)
                 if remote is not None:
                     self._records.extend(remote.records)
+                    self._trajectories.extend(remote.trajectories)
                     missing += remote.missing_calls
                 closed = True
             if not closed:  # what the channel held is unknown: the step is partial, not complete

@@ -34,7 +34,7 @@ from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as Ge
 from opentelemetry.trace import SpanKind
 
 from otel_rollout.attributes import trajectory_span_attributes
-from otel_rollout.context import current_step, step_number, with_trajectory
+from otel_rollout.context import StepCollector, current_step, step_number, with_trajectory
 from otel_rollout.decorating import each_call_in
 from otel_rollout.instruments import TrajectoryInstruments
 from otel_rollout.record import TrajectoryRecord
@@ -44,8 +44,8 @@ from otel_rollout.semconv import (
     TRAJECTORY_GROUP_ID,
     TRAJECTORY_SAMPLE_ID,
     TRAJECTORY_STATUS,
+    TRAJECTORY_TURN_TIMING,
 )
-from otel_rollout.steps import StepScope
 from otel_rollout.telemetry import StepTelemetry, job_step_telemetry, mark_error
 
 if TYPE_CHECKING:
@@ -55,6 +55,8 @@ __all__ = ["STATUSES", "TrajectoryScope", "rollout_scoring", "rollout_tool", "ro
 
 F = TypeVar("F", bound=Callable[..., Any])
 STATUSES = ("completed", "truncated", "aborted", "stale_dropped", "error")
+ENGINE_TIMED, CLIENT_TIMED = "engine_request", "client_call"
+"""Values of ``rollout.trajectory.turn_timing`` (:data:`otel_rollout.semconv.TRAJECTORY_TURN_TIMING`)."""
 """How a trajectory ends (the one metric label): anything else is recorded as ``other``."""
 _TRAJECTORY_KEY = otel_context.create_key("otel_rollout.trajectory_scope")
 _instruments: dict[int, TrajectoryInstruments] = {}
@@ -113,10 +115,11 @@ class TrajectoryScope:
         self._telemetry: StepTelemetry | None = None
         self._lock = threading.Lock()
         self._turns: list[tuple[int, int, int | None]] = []
+        self._turn_timing: set[str] = set()
         self._activities: dict[str, list[tuple[int, int]]] = {"tool": [], "scoring": []}
         self._span: trace.Span | None = None
         self._token: object | None = None
-        self._step_scope: StepScope | None = None
+        self._step_scope: StepCollector | None = None
         self._start_ns = 0
         self.duration_s: float | None = None
         """The trajectory's wall time once it ended."""
@@ -136,8 +139,15 @@ class TrajectoryScope:
 
     def observe(self, record: RequestRecord) -> None:
         """A turn: an engine request that finished in the trajectory's context."""
+        self.observe_turn(record.arrival_ns, record.finish_ns, record.output_tokens, ENGINE_TIMED)
+
+    def observe_turn(
+        self, start_ns: int, end_ns: int, output_tokens: int | None, timing: str = CLIENT_TIMED
+    ) -> None:
+        """A turn timed by the loop's client (its engine is in another process: verl's)."""
         with self._lock:
-            self._turns.append((record.arrival_ns, record.finish_ns, record.output_tokens))
+            self._turns.append((start_ns, end_ns, output_tokens))
+            self._turn_timing.add(timing)
 
     def add_activity(self, kind: str, start_ns: int, end_ns: int) -> None:
         with self._lock:
@@ -188,8 +198,7 @@ class TrajectoryScope:
         telemetry = self._telemetry = self._given or job_step_telemetry()
         ctx = otel_context.get_current()
         self.step = step_number(ctx)
-        step = current_step(ctx)
-        self._step_scope = step if isinstance(step, StepScope) else None
+        self._step_scope = current_step(ctx)
         self._start_ns = time.time_ns()
         attrs = {
             **self.attributes,
@@ -228,6 +237,11 @@ class TrajectoryScope:
             with telemetry.log.guard("trajectory telemetry"):
                 record = self.record(end_ns)
                 span.set_attributes(trajectory_span_attributes(record))
+                if self._turn_timing:
+                    timing = self._turn_timing
+                    span.set_attribute(
+                        TRAJECTORY_TURN_TIMING, next(iter(timing)) if len(timing) == 1 else "mixed"
+                    )
                 if exc is not None:
                     mark_error(span, exc)
                 label = {TRAJECTORY_STATUS: self.status if self.status in STATUSES else "other"}

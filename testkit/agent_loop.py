@@ -63,6 +63,7 @@ def run_and_check(
         assert a["rollout.trajectory.reward"] == sample.reward
         # the engine's own request times lie inside the loop's generate calls
         assert 0 < a["rollout.trajectory.generation_s"] <= sample.generate_s + 0.002
+        assert a["rollout.trajectory.turn_timing"] == "engine_request"
         assert a["rollout.trajectory.tool_s"] == pytest.approx(sample.tool_s, abs=0.003)
         assert (span.end_time - span.start_time) / 1e9 == pytest.approx(sample.wall_s, abs=0.003)
         # every turn's request span is under its trajectory (directly or through a batch span)

@@ -31,6 +31,8 @@ binds it with ``from … import marked_timer`` — gives, on both trainer paths 
   vocabulary (:data:`VERL_PHASES`: ``gen`` → ``generation``, ``update_weights`` → ``weight_sync``,
   …), verl's own name kept as ``rollout.phase.framework_name``.
 
+Each sample's agent loop becomes a trajectory (:mod:`otel_rollout.frameworks.verl_agent_loop`).
+
 No legacy/SPMD boundary is wrapped: verl 0.9.1 retired the SPMD rollout (its vLLM
 ``ServerAdapter.generate_sequences`` raises ``NotImplementedError``); what remains
 (``HFRollout``, ``NaiveRollout``) generates with plain transformers, where no engine instrumentor
@@ -47,6 +49,7 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
+from otel_rollout.frameworks.verl_agent_loop import agent_loop_targets
 from otel_rollout.guard import LogOnce
 from otel_rollout.instrumentation import LibraryInstrumentor, Target, argument, should_observe
 from otel_rollout.phases import PhaseScope
@@ -299,4 +302,5 @@ class VerlInstrumentor(LibraryInstrumentor):
                 AGENT_LOOP_MODULE, "AgentLoopManager.generate_sequences", generate_sequences_wrapper
             ),
             *(Target(module, "marked_timer", marked_timer_wrapper) for module in TIMER_MODULES),
+            *agent_loop_targets(),
         ]

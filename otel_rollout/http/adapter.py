@@ -31,7 +31,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from otel_rollout.context import StepCollector, collectors, current_step
+from otel_rollout.context import RecordCollector, collectors, current_step
 from otel_rollout.guard import LogOnce
 from otel_rollout.propagation import inject_context
 from otel_rollout.record import (
@@ -86,7 +86,7 @@ class ClientCall:
     )
 
     def __init__(
-        self, collectors: tuple[StepCollector, ...], operation: str, native: bool, trace_id: int
+        self, collectors: tuple[RecordCollector, ...], operation: str, native: bool, trace_id: int
     ) -> None:
         self._collectors = collectors
         """The step (and the trajectory, if one is open) the request's record goes to."""

@@ -111,11 +111,33 @@ def class_wrapper(
             if getattr(method, "__ray_tracing_wrapped__", False) and not getattr(
                 method, _MARK, False
             ):
-                setattr(cls, name, _continuing(method))
+                setattr(cls, name, _continuing(method, _late_bound(cls, name)))
     return result
 
 
-def _continuing(method: Callable[..., Any]) -> Callable[..., Any]:
+def _late_bound(cls: type, name: str) -> Callable[[Any], Callable[..., Any]] | None:
+    """The user's method ``name`` of the actor, looked up on each call, not captured.
+
+    Ray ships the actor class from the driver *by value*, with a wrapper of its own around each
+    method that holds the driver's function: a method some instrumentor patched in the worker
+    (verl's ``AgentLoopWorker._run_agent_loop``, say) would never run there. Looking the
+    method up on the user's class (``__ray_actor_class__``, which travels by reference) when
+    called runs what the worker's module holds now — patched or not. Ray's own wrapper is only
+    skipped where it is a pass-through: we never hand it a trace context. Ray's own methods
+    (``__ray_ready__`` …) are not on the user's class and keep their captured function.
+    """
+    base = getattr(cls, "__ray_actor_class__", None)
+    if not isinstance(base, type) or not callable(inspect.getattr_static(base, name, None)):
+        return None
+    return lambda self: getattr(super(cls, self), name)
+
+
+def _continuing(
+    method: Callable[..., Any], late: Callable[[Any], Callable[..., Any]] | None = None
+) -> Callable[..., Any]:
+    def bound(self: Any) -> Callable[..., Any]:
+        return late(self) if late is not None else functools.partial(method, self)
+
     if inspect.iscoroutinefunction(method):
 
         @functools.wraps(method)
@@ -123,9 +145,9 @@ def _continuing(method: Callable[..., Any]) -> Callable[..., Any]:
             self: Any, *args: Any, _ray_trace_ctx: Any = None, **kwargs: Any
         ) -> Any:
             if not _ray_trace_ctx:
-                return await method(self, *args, **kwargs)
+                return await bound(self)(*args, **kwargs)
             with remote_call(_ray_trace_ctx):
-                return await method(self, *args, **kwargs)
+                return await bound(self)(*args, **kwargs)
 
         call: Callable[..., Any] = async_call
     else:
@@ -133,9 +155,9 @@ def _continuing(method: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(method)
         def sync_call(self: Any, *args: Any, _ray_trace_ctx: Any = None, **kwargs: Any) -> Any:
             if not _ray_trace_ctx:
-                return method(self, *args, **kwargs)
+                return bound(self)(*args, **kwargs)
             with remote_call(_ray_trace_ctx):
-                return method(self, *args, **kwargs)
+                return bound(self)(*args, **kwargs)
 
         call = sync_call
     setattr(call, _MARK, True)

@@ -33,12 +33,12 @@ from opentelemetry import context as otel_context
 from otel_rollout.context import current_step, with_step
 from otel_rollout.guard import LogOnce
 from otel_rollout.propagation import extract_context
+from otel_rollout.record import RequestRecord, TrajectoryRecord
 from otel_rollout.semconv import BAGGAGE_STEP_KEY
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
 
-    from otel_rollout.record import RequestRecord
     from otel_rollout.steps import StepScope
 
 _logger = logging.getLogger(__name__)
@@ -57,7 +57,8 @@ class _Pending:
     finished" a test that can never pass early.
     """
 
-    records: list[RequestRecord] = dataclasses.field(default_factory=list)
+    records: list[RequestRecord | TrajectoryRecord] = dataclasses.field(default_factory=list)
+    """Requests, and the trajectories that ended in the step (both travel in one report)."""
     started: set[str] = dataclasses.field(default_factory=set)
     finished: set[str] = dataclasses.field(default_factory=set)
 
@@ -69,14 +70,18 @@ class StepCollector:
         self._steps: dict[str, _Pending] = {}
 
     def report(
-        self, key: str, records: list[RequestRecord], started: set[str], finished: set[str]
+        self,
+        key: str,
+        records: list[RequestRecord | TrajectoryRecord],
+        started: set[str],
+        finished: set[str],
     ) -> None:
         entry = self._steps.setdefault(key, _Pending())
         entry.records.extend(records)
         entry.started |= started
         entry.finished |= finished
 
-    def drain(self, key: str) -> tuple[list[RequestRecord], set[str], set[str]]:
+    def drain(self, key: str) -> tuple[list[RequestRecord | TrajectoryRecord], set[str], set[str]]:
         """Everything reported for ``key`` so far (records are handed over once)."""
         entry = self._steps.get(key)
         if entry is None:
@@ -152,9 +157,10 @@ class _Local:
             self.pending.setdefault(key, _Pending()).started.add(call_id)
         return call_id
 
-    def add(self, key: str, record: RequestRecord) -> None:
+    def add(self, key: str, record: RequestRecord | TrajectoryRecord) -> None:
+        portable = _portable(record) if isinstance(record, RequestRecord) else record
         with self.lock:
-            self.pending.setdefault(key, _Pending()).records.append(_portable(record))
+            self.pending.setdefault(key, _Pending()).records.append(portable)
 
     def take(self, key: str) -> _Pending:
         with self.lock:
@@ -211,6 +217,7 @@ def _ray_ready() -> bool:
 class _Remote:
     records: list[RequestRecord]
     missing_calls: int
+    trajectories: list[TrajectoryRecord]
 
 
 class RayStepChannel:
@@ -235,7 +242,7 @@ class RayStepChannel:
 
         own = LOCAL.take(key)  # calls this process made, records it holds for its own step
         collector = LOCAL.handle()
-        records: list[RequestRecord] = list(own.records)
+        records: list[RequestRecord | TrajectoryRecord] = list(own.records)
         deadline = time.monotonic() + wait_s
         while True:
             starting = not LOCAL.collector_answered
@@ -262,7 +269,9 @@ class RayStepChannel:
                 wait_s,
                 len(records),
             )
-        return _Remote(records, max(0, missing))
+        requests = [r for r in records if isinstance(r, RequestRecord)]
+        trajectories = [r for r in records if isinstance(r, TrajectoryRecord)]
+        return _Remote(requests, max(0, missing), trajectories)
 
 
 # --- the actors' side ------------------------------------------------------------------------
@@ -279,6 +288,9 @@ class RemoteStep:
 
     def observe(self, record: RequestRecord) -> None:
         LOCAL.add(self.key, record)
+
+    def observe_trajectory(self, trajectory: TrajectoryRecord) -> None:
+        LOCAL.add(self.key, trajectory)
 
 
 def step_key(ctx: Context | None = None) -> str | None:

@@ -63,6 +63,32 @@ def test_union_of_intervals() -> None:
     assert union_seconds([(0, 2 * 10**9), (10**9, 3 * 10**9), (5 * 10**9, 6 * 10**9)]) == 4.0
 
 
+def test_turns_timed_by_the_client_are_labelled_so(
+    otel: OTelHarness, make_telemetry: Callable[..., Telemetry]
+) -> None:
+    """A turn whose engine is in another process (verl's Ray call to its server) is timed by the
+    loop's client; the span says whose clock timed its turns, ``mixed`` when both did."""
+    telemetry = make_telemetry()
+    with rollout_step(5) as step:
+        with rollout_trajectory("remote") as remote:
+            start = time.time_ns()
+            time.sleep(0.04)  # the client's call
+            remote.observe_turn(start, start + 40 * MS, 9)
+        with rollout_trajectory("both") as both:
+            start = time.time_ns()
+            time.sleep(0.01)
+            both.observe_turn(start, start + 10 * MS, 2)
+            _turn(telemetry, 0.01, 3)
+    spans = {s.name: s.attributes for s in otel.finished_spans()}
+    a = spans["invoke_agent remote"]
+    assert a["rollout.trajectory.turn_timing"] == "client_call"
+    assert (a["rollout.trajectory.turns"], a["rollout.trajectory.output_tokens"]) == (1, 9)
+    assert a["rollout.trajectory.generation_s"] == pytest.approx(0.04)
+    assert spans["invoke_agent both"]["rollout.trajectory.turn_timing"] == "mixed"
+    assert step.stats is not None and step.stats.trajectories is not None
+    assert step.stats.trajectories.count == 2
+
+
 def test_a_trajectory_is_its_turns_tools_and_scoring(
     otel: OTelHarness, make_telemetry: Callable[..., Telemetry]
 ) -> None:
@@ -93,6 +119,7 @@ def test_a_trajectory_is_its_turns_tools_and_scoring(
     assert (a["rollout.trajectory.turns"], a["rollout.trajectory.output_tokens"]) == (2, 17)
     assert a["rollout.trajectory.tool_calls"] == 1
     assert a["rollout.trajectory.generation_s"] == pytest.approx(0.05, abs=0.002)
+    assert a["rollout.trajectory.turn_timing"] == "engine_request"  # turns are request records
     assert a["rollout.trajectory.tool_s"] >= 0.04
     assert a["rollout.trajectory.scoring_s"] >= 0.01
     duration = (first.end_time - first.start_time) / 1e9

@@ -7,6 +7,7 @@ engine on the tiny model, and a real OTLP gRPC receiver the actors export to.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -139,3 +140,37 @@ def test_inherited_environment_configures_actors(
     ray_module.init(num_cpus=2, include_dashboard=False, runtime_env=env)
     step_span, lengths = run_step(ray_module, otel, tiny_model, step=22)
     assert_one_trace(otlp_receiver, step_span, lengths, 22, service=None)
+
+
+def test_a_method_patched_in_the_worker_runs_there(ray_module: Any) -> None:
+    """Ray ships an actor class from the driver by value, each method inside a wrapper of Ray's
+    that holds the driver's function: a method patched in the worker (as verl's agent loop is,
+    zero-code) never ran there. With the Ray instrumentor the actor's methods are looked up in
+    the worker's module when called. The control, a class shipped without it, shows the trap."""
+    from otel_rollout.ray.instrumentor import RayInstrumentor
+    from tests.steps import patched_actor
+    from tests.steps.patched_actor import IN_WORKER, WRITTEN, Sample
+
+    ray_module.init(
+        num_cpus=1,
+        include_dashboard=False,
+        runtime_env={
+            "worker_process_setup_hook": "tests.steps.patched_actor.patch_in_worker",
+            "env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        },
+    )
+    patched_actor.patch("patched in the driver")  # the driver's instrumentor patched it too
+    control = ray_module.remote(num_cpus=0)(Sample).remote()
+    assert ray_module.get(control.where.remote(), timeout=60) != IN_WORKER  # Ray's by-value copy
+    instrumentor = RayInstrumentor()
+    instrumentor.instrument()
+    try:
+        actor = ray_module.remote(num_cpus=0)(Sample).remote()
+        got = ray_module.get(
+            [actor.where.remote(), actor.where_async.remote(), actor.calls_itself.remote()],
+            timeout=60,
+        )
+    finally:
+        instrumentor.uninstrument()
+    assert got == [IN_WORKER, IN_WORKER, IN_WORKER]
+    assert Sample.__dict__["where"].__wrapped__(Sample()) == WRITTEN  # the class itself untouched

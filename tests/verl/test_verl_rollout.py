@@ -99,7 +99,12 @@ def verl_run(
     truth["job_wall_s"] = round(time.monotonic() - started, 1)
     samples = sum(s["samples"] for s in truth["steps"])
     module_receiver.wait_for(
-        lambda r: len(request_spans(r)) >= samples and len(step_spans(r)) >= STEPS, timeout=30
+        lambda r: (
+            len(request_spans(r)) >= samples
+            and len(step_spans(r)) >= STEPS
+            and sum(1 for s in r.spans() if s.name.startswith("invoke_agent")) >= samples
+        ),
+        timeout=30,
     )
     print("verl job:", json.dumps(truth), file=sys.stderr)
     for pid, names in exporters(module_receiver).items():
@@ -198,3 +203,62 @@ def test_verl_server_requests_carry_the_engines_step_times(
     for span in requests:
         (first,) = [e for e in span.events if e.name == "gen_ai.first_token"]
         assert span.start_time_unix_nano <= first.time_unix_nano <= span.end_time_unix_nano
+
+
+def test_each_sample_is_one_trajectory_of_its_step(
+    verl_run: dict[str, Any], module_receiver: OTLPReceiver
+) -> None:
+    """verl's agent loop, zero-code (issue #17): every sample's ``_run_agent_loop`` in the
+    ``AgentLoopWorker`` actor is an ``invoke_agent`` span under verl's step, its turn is the
+    request the server actor served, its scoring a child, and the step — in the driver — counts
+    the trajectories of the worker process."""
+    steps = {attr(s.attributes, "rollout.step"): s for s in step_spans(module_receiver)}
+    spans = module_receiver.spans()
+    trajectories = [
+        s for s in spans if attr(s.attributes, "gen_ai.operation.name") == "invoke_agent"
+    ]
+    assert len(trajectories) == STEPS * BATCH
+    assert {s.name for s in trajectories} == {"invoke_agent single_turn_agent"}
+    requests = {s.parent_span_id: s for s in request_spans(module_receiver)}
+    scoring = {s.parent_span_id for s in spans if s.name == "rollout.scoring"}
+    tokens = {s["step"]: Counter(s["response_tokens"]) for s in verl_run["steps"]}
+    by_step: dict[int, list[Any]] = {}
+    for t in trajectories:
+        number = attr(t.attributes, "rollout.step")
+        by_step.setdefault(number, []).append(t)
+        assert t.trace_id == steps[number].trace_id
+        assert attr(t.attributes, "rollout.trajectory.turns") == 1
+        (request,) = [requests[t.span_id]]  # the server's request span is the turn's child
+        assert attr(t.attributes, "rollout.trajectory.output_tokens") == attr(
+            request.attributes, "gen_ai.usage.output_tokens"
+        )
+        # the turn is timed by verl's client around the Ray call: it contains the engine's span
+        generation = attr(t.attributes, "rollout.trajectory.generation_s")
+        engine_s = (request.end_time_unix_nano - request.start_time_unix_nano) / 1e9
+        assert (
+            engine_s - 0.002 <= generation <= (t.end_time_unix_nano - t.start_time_unix_nano) / 1e9
+        )
+        assert attr(t.attributes, "rollout.trajectory.turn_timing") == "client_call"
+        assert t.span_id in scoring
+        assert attr(t.attributes, "rollout.trajectory.status") == "completed"
+    for number, step in steps.items():
+        mine = by_step[number]
+        assert (
+            Counter(attr(t.attributes, "rollout.trajectory.output_tokens") for t in mine)
+            == (tokens[number])
+        )
+        ids = [attr(t.attributes, "rollout.trajectory.sample_id") for t in mine]
+        assert len(set(ids)) == BATCH
+        # the driver's step span counts the worker's trajectories (the Ray step channel)
+        assert attr(step.attributes, "rollout.step.trajectories") == BATCH
+        assert attr(step.attributes, "rollout.step.trajectory.turns.max") == 1
+        slowest = list(attr(step.attributes, "rollout.step.trajectory.slowest"))
+        longest = max(mine, key=lambda t: t.end_time_unix_nano - t.start_time_unix_nano)
+        assert slowest[0] == longest.span_id.hex()
+    workers = {
+        attr(rs.resource.attributes, "process.pid")
+        for req in module_receiver.trace_requests
+        for rs in req.resource_spans
+        if any(s.name.startswith("invoke_agent") for ss in rs.scope_spans for s in ss.spans)
+    }
+    assert verl_run["pid"] not in workers

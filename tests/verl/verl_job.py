@@ -133,6 +133,9 @@ def main() -> int:
             {
                 "raw_prompt": raw,
                 "agent_name": np.array(["single_turn_agent"] * len(prompts), dtype=object),
+                # the dataset's row index, as verl's RLHFDataset gives it (``extra_info.index``):
+                # verl's trajectory ids (and so ours) are built from it
+                "index": np.arange(len(prompts)) + (step - 1) * len(prompts),
             },
             meta_info={"global_steps": step},
         )
