@@ -8,10 +8,9 @@ code. Everything asserted here arrived over real OTLP from those processes:
   ``meta_info["global_steps"]`` (the ``verl`` instrumentor);
 - the vLLM server actor exports one request span per sample (the ``vllm`` instrumentor, loaded in
   that Ray worker by the inherited ``opentelemetry-instrument`` environment), with the response
-  lengths verl reported.
-
-The second test needs the step to cross from the driver into the Ray actors (the step span's trace
-and request count); it is expected to fail until cross-process step collection lands.
+  lengths verl reported;
+- each ``AgentLoopWorker`` actor exports one ``invoke_agent`` trajectory span per sample, and the
+  driver's step span counts them (the Ray step channel carries trajectories as well as requests).
 """
 
 from __future__ import annotations
