@@ -8,7 +8,7 @@ does the emitting.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as GenAI
@@ -34,6 +34,7 @@ from otel_rollout.semconv import (
     TRAJECTORY_STATUS,
     TRAJECTORY_TOOL_CALLS,
     TRAJECTORY_TOOL_S,
+    TRAJECTORY_TURN_TIMING,
     TRAJECTORY_TURNS,
     TRAJECTORY_WAITING_S,
 )
@@ -155,8 +156,11 @@ def step_span_attributes(stats: StepStats) -> dict[str, Any]:
     return attrs
 
 
-def trajectory_span_attributes(trajectory: TrajectoryRecord) -> dict[str, Any]:
-    """An ended trajectory's figures on its span (README's trajectory table)."""
+def trajectory_span_attributes(
+    trajectory: TrajectoryRecord, turn_timing: Collection[str] = ()
+) -> dict[str, Any]:
+    """An ended trajectory's figures on its span (README's trajectory table); ``turn_timing``:
+    whose clocks timed its turns (``rollout.trajectory.turn_timing``, ``mixed`` for several)."""
     attrs: dict[str, Any] = {
         TRAJECTORY_TURNS: len(trajectory.turns),
         TRAJECTORY_OUTPUT_TOKENS: trajectory.output_tokens,
@@ -167,6 +171,10 @@ def trajectory_span_attributes(trajectory: TrajectoryRecord) -> dict[str, Any]:
         TRAJECTORY_WAITING_S: round(trajectory.waiting_s, 6),
         TRAJECTORY_STATUS: trajectory.status,
     }
+    if turn_timing:
+        attrs[TRAJECTORY_TURN_TIMING] = (
+            next(iter(turn_timing)) if len(turn_timing) == 1 else "mixed"
+        )
     if trajectory.reward is not None:
         attrs[TRAJECTORY_REWARD] = trajectory.reward
     if trajectory.advantage is not None:

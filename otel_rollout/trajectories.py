@@ -44,7 +44,6 @@ from otel_rollout.semconv import (
     TRAJECTORY_GROUP_ID,
     TRAJECTORY_SAMPLE_ID,
     TRAJECTORY_STATUS,
-    TRAJECTORY_TURN_TIMING,
 )
 from otel_rollout.telemetry import StepTelemetry, job_step_telemetry, mark_error
 
@@ -55,9 +54,9 @@ __all__ = ["STATUSES", "TrajectoryScope", "rollout_scoring", "rollout_tool", "ro
 
 F = TypeVar("F", bound=Callable[..., Any])
 STATUSES = ("completed", "truncated", "aborted", "stale_dropped", "error")
+"""How a trajectory ends (the one metric label): anything else is recorded as ``other``."""
 ENGINE_TIMED, CLIENT_TIMED = "engine_request", "client_call"
 """Values of ``rollout.trajectory.turn_timing`` (:data:`otel_rollout.semconv.TRAJECTORY_TURN_TIMING`)."""
-"""How a trajectory ends (the one metric label): anything else is recorded as ``other``."""
 _TRAJECTORY_KEY = otel_context.create_key("otel_rollout.trajectory_scope")
 _instruments: dict[int, TrajectoryInstruments] = {}
 _instruments_lock = threading.Lock()
@@ -236,12 +235,7 @@ class TrajectoryScope:
         try:
             with telemetry.log.guard("trajectory telemetry"):
                 record = self.record(end_ns)
-                span.set_attributes(trajectory_span_attributes(record))
-                if self._turn_timing:
-                    timing = self._turn_timing
-                    span.set_attribute(
-                        TRAJECTORY_TURN_TIMING, next(iter(timing)) if len(timing) == 1 else "mixed"
-                    )
+                span.set_attributes(trajectory_span_attributes(record, self._turn_timing))
                 if exc is not None:
                     mark_error(span, exc)
                 label = {TRAJECTORY_STATUS: self.status if self.status in STATUSES else "other"}
