@@ -1,7 +1,9 @@
-"""In-flight accounting: how many requests an engine holds now, and its busy and idle time.
+"""In-flight accounting: how many requests an engine holds now, and its busy, idle and held time.
 
 Fully-async rollouts have no step boundaries, so an engine's idleness is exposed as monotonic
-counters beside the in-flight count. :class:`EngineActivity` is the per-engine state the
+counters beside the in-flight count. Time the engine spends in a weight sync, asleep, waking or
+with generation paused (:mod:`otel_rollout.engine_ops`) is *held*: neither busy nor idle, so an
+idle ratio does not count a weight update as capacity wasted on stragglers. :class:`EngineActivity` is the per-engine state the
 wrappers update (a lock and a clock read per change); :class:`MeterObservers` are the observable
 instruments that report it, registered once per meter for every engine telemetry on that meter.
 """
@@ -17,7 +19,12 @@ from typing import Protocol
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from otel_rollout.attributes import base_attributes, engine_attributes
-from otel_rollout.semconv import METRIC_ACTIVE, METRIC_ENGINE_BUSY_TIME, METRIC_ENGINE_IDLE_TIME
+from otel_rollout.semconv import (
+    METRIC_ACTIVE,
+    METRIC_ENGINE_BUSY_TIME,
+    METRIC_ENGINE_HELD_TIME,
+    METRIC_ENGINE_IDLE_TIME,
+)
 
 
 class ActivitySource(Protocol):
@@ -29,23 +36,56 @@ class ActivitySource(Protocol):
 
 
 class EngineActivity:
-    """In-flight count of one engine, and how long it has spent busy (≥1 request) or idle.
+    """In-flight count of one engine, and how long it has spent busy, idle or held.
 
-    Fully-async rollouts have no step boundaries, so idleness is exposed as two monotonic
-    counters; ``rate(idle) / (rate(idle) + rate(busy))`` is the idle ratio. The in-flight count
-    per operation feeds the observable ``rollout.requests.active``: a request pays a lock and a
-    clock read here instead of two SDK measurements.
+    Fully-async rollouts have no step boundaries, so idleness is exposed as monotonic counters;
+    ``rate(idle) / (rate(idle) + rate(busy))`` is the idle ratio. An engine is *held* while an
+    engine operation runs (weight sync, sleep, wake, pause) and while it is asleep or its
+    generation paused: requests in flight then wait on the operation, not on generation, so held
+    time wins over busy. The in-flight count per operation feeds the observable
+    ``rollout.requests.active``: a request pays a lock and a clock read here instead of two SDK
+    measurements.
     """
 
-    __slots__ = ("active", "by_operation", "busy_ns", "idle_ns", "_since", "_lock")
+    __slots__ = (
+        "active",
+        "by_operation",
+        "busy_ns",
+        "idle_ns",
+        "held_ns",
+        "operations_running",
+        "states",
+        "_since",
+        "_lock",
+    )
 
     def __init__(self) -> None:
         self.active = 0
         self.by_operation: dict[str, int] = {}
         self.busy_ns = 0
         self.idle_ns = 0
+        self.held_ns = 0
+        self.operations_running = 0
+        self.states: set[str] = set()
+        """Lasting states set by an operation and cleared by its counterpart (``asleep``,
+        ``paused``)."""
         self._since = time.monotonic_ns()
         self._lock = threading.Lock()
+
+    def hold(self, delta: int) -> None:
+        """An engine operation started (``+1``) or ended (``-1``)."""
+        with self._lock:
+            self._accrue(time.monotonic_ns())
+            self.operations_running = max(0, self.operations_running + delta)
+
+    def set_state(self, state: str, on: bool) -> None:
+        """Enter or leave a lasting held state (``asleep`` after sleep, until wake-up)."""
+        with self._lock:
+            self._accrue(time.monotonic_ns())
+            if on:
+                self.states.add(state)
+            else:
+                self.states.discard(state)
 
     def change(self, delta: int, operation: str = "") -> None:
         with self._lock:
@@ -54,17 +94,20 @@ class EngineActivity:
             ops = self.by_operation
             ops[operation] = max(0, ops.get(operation, 0) + delta)
 
-    def totals(self) -> tuple[float, float]:
+    def totals(self) -> tuple[float, float, float]:
+        """Seconds busy, idle and held so far."""
         with self._lock:
             self._accrue(time.monotonic_ns())
-            return self.busy_ns / 1e9, self.idle_ns / 1e9
+            return self.busy_ns / 1e9, self.idle_ns / 1e9, self.held_ns / 1e9
 
     def operations(self) -> list[tuple[str, int]]:
         with self._lock:
             return list(self.by_operation.items())
 
     def _accrue(self, now: int) -> None:
-        if self.active > 0:
+        if self.operations_running > 0 or self.states:
+            self.held_ns += now - self._since
+        elif self.active > 0:
             self.busy_ns += now - self._since
         else:
             self.idle_ns += now - self._since
@@ -98,7 +141,16 @@ class MeterObservers:
             METRIC_ENGINE_IDLE_TIME,
             callbacks=[self._idle],
             unit="s",
-            description="Time the engine had no request in flight.",
+            description="Time the engine had no request in flight and was not held.",
+        )
+        meter.create_observable_counter(
+            METRIC_ENGINE_HELD_TIME,
+            callbacks=[self._held],
+            unit="s",
+            description=(
+                "Time the engine was held by something other than generation: a weight sync, "
+                "sleep or wake-up running, asleep, or generation paused (neither busy nor idle)."
+            ),
         )
 
     def _sum(self, values: Iterator[tuple[dict[str, str], float]]) -> Iterator[Observation]:
@@ -128,6 +180,13 @@ class MeterObservers:
     def _idle(self, options: CallbackOptions) -> Iterator[Observation]:
         return self._sum(
             (engine_attributes(t.provider, model), activity.totals()[1])
+            for t in list(self.members)
+            for model, activity in t.activities()
+        )
+
+    def _held(self, options: CallbackOptions) -> Iterator[Observation]:
+        return self._sum(
+            (engine_attributes(t.provider, model), activity.totals()[2])
             for t in list(self.members)
             for model, activity in t.activities()
         )

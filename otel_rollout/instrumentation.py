@@ -143,6 +143,9 @@ class Target(NamedTuple):
     module: str
     name: str
     wrapper: Wrapper
+    optional: bool = False
+    """A method only some supported releases have (vLLM's weight-transfer API): where it is
+    absent there is nothing to observe, so its absence is not reported."""
 
 
 class LibraryInstrumentor(BaseInstrumentor):
@@ -252,11 +255,12 @@ class LibraryInstrumentor(BaseInstrumentor):
         with self._lock:
             if generation is not self._generation:
                 return
-            for module, name, wrapper in targets:
+            for module, name, wrapper, optional in targets:
                 try:
                     wrapt.wrap_function_wrapper(module, name, wrapper)
                 except (ImportError, AttributeError) as exc:
-                    missing.append(f"{module}.{name} ({exc.__class__.__name__})")
+                    if not optional:
+                        missing.append(f"{module}.{name} ({exc.__class__.__name__})")
                 else:
                     self._patched.append((module, name))
         if missing:

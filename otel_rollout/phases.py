@@ -71,9 +71,13 @@ class PhaseScope:
         framework: str | None = None,
         framework_name: str | None = None,
         telemetry: StepTelemetry | None = None,
+        tracer: trace.Tracer | None = None,
         **attributes: Any,
     ) -> None:
         self.name = name
+        self._tracer = tracer
+        """Whose span it is: the steps' tracer unless an instrumentation of its own source
+        (an engine's, :mod:`otel_rollout.engine_ops`) makes it."""
         self.attributes: dict[str, Any] = dict(attributes)
         if framework is not None:
             self.attributes[PHASE_FRAMEWORK] = framework
@@ -98,7 +102,9 @@ class PhaseScope:
         # figure on the step (and as the framework's own timer), whatever runs in between.
         self._started, start_ns = time.monotonic(), time.time_ns()
         with telemetry.log.guard("phase span"):
-            self._span = telemetry.start_phase(self.name, self.attributes, start_ns)
+            self._span = telemetry.start_phase(
+                self.name, self.attributes, start_ns, tracer=self._tracer
+            )
             ctx = trace.set_span_in_context(self._span, ctx)
         self._token = otel_context.attach(otel_context.set_value(_PHASE_KEY, self, ctx))
         return self
@@ -133,7 +139,12 @@ class PhaseScope:
         template = self
 
         def scope() -> PhaseScope:
-            return PhaseScope(template.name, telemetry=template._given, **template.attributes)
+            return PhaseScope(
+                template.name,
+                telemetry=template._given,
+                tracer=template._tracer,
+                **template.attributes,
+            )
 
         return each_call_in(func, scope)
 

@@ -162,6 +162,10 @@ class Telemetry:
 
     # --- in-flight --------------------------------------------------------------------------
 
+    def engine_activity(self, model: str) -> EngineActivity:
+        """The in-flight and held state of the engine serving ``model``."""
+        return self._engine(model)
+
     def _engine(self, model: str) -> EngineActivity:
         activity = self._engines.get(model)
         if activity is None:
@@ -488,9 +492,16 @@ class StepTelemetry:
             with self.log.guard("step span"):
                 span.end(end_time=end_ns)
 
-    def start_phase(self, name: str, attributes: Mapping[str, Any], start_ns: int) -> trace.Span:
-        """A phase span (:mod:`otel_rollout.phases`) under the current span, from ``start_ns``."""
-        return self.tracer.start_span(
+    def start_phase(
+        self,
+        name: str,
+        attributes: Mapping[str, Any],
+        start_ns: int,
+        tracer: Tracer | None = None,
+    ) -> trace.Span:
+        """A phase span (:mod:`otel_rollout.phases`) under the current span, from ``start_ns``;
+        on ``tracer`` where the phase is another instrumentation's own (an engine operation)."""
+        return (tracer or self.tracer).start_span(
             f"{PHASE_SPAN_NAME} {name}",
             kind=SpanKind.INTERNAL,
             attributes={**attributes, PHASE_NAME: name},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from otel_rollout import engine_ops as ops
 from otel_rollout.instrumentation import (
     EngineInstrumentor,
     Target,
@@ -35,4 +36,33 @@ class SGLangInstrumentor(EngineInstrumentor):
             Target(engine, "Engine.generate", adapter.engine_wrapper),
             Target(engine, "Engine.async_generate", adapter.async_engine_wrapper),
             Target(engine, "Engine.__init__", watch_global_tracer_provider(self.engine_name)),
+            *self._operations(telemetry),
+        ]
+
+    @staticmethod
+    def _operations(telemetry: Telemetry) -> list[Target]:
+        """Weight sync, memory release / resume and pause / continue
+        (:mod:`otel_rollout.engine_ops`): ``TokenizerManager``'s coroutines, which both the
+        offline ``Engine`` and the HTTP server (``/update_weights_from_disk``, …) call."""
+        manager = "sglang.srt.managers.tokenizer_manager"
+        plan: list[tuple[str, ops.EngineOp, bool]] = [
+            ("update_weights_from_disk", ops.WEIGHT_SYNC, False),
+            ("update_weights_from_tensor", ops.WEIGHT_SYNC, False),
+            ("update_weights_from_distributed", ops.WEIGHT_SYNC, False),
+            ("release_memory_occupation", ops.ENGINE_SLEEP, False),
+            ("resume_memory_occupation", ops.ENGINE_WAKE, False),
+            ("pause_generation", ops.GENERATION_PAUSE, False),
+            ("continue_generation", ops.GENERATION_RESUME, False),
+            ("update_weights_from_ipc", ops.WEIGHT_SYNC, True),  # checkpoint-engine, newer only
+        ]
+        return [
+            Target(
+                manager,
+                f"TokenizerManager.{method}",
+                ops.operation_wrapper(
+                    telemetry, op, f"TokenizerManager.{method}", adapter.model_name
+                ),
+                optional=optional,
+            )
+            for method, op, optional in plan
         ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from otel_rollout import engine_ops as ops
 from otel_rollout.instrumentation import (
     EngineInstrumentor,
     Target,
@@ -50,4 +51,34 @@ class VLLMInstrumentor(EngineInstrumentor):
             Target(serving, get_trace_headers, adapter.server_headers_wrapper(telemetry)),
             Target("vllm.v1.engine.async_llm", "AsyncLLM.__init__", watch),
             Target("vllm.v1.engine.llm_engine", "LLMEngine.__init__", watch),
+            *self._operations(telemetry),
+        ]
+
+    @staticmethod
+    def _operations(telemetry: Telemetry) -> list[Target]:
+        """Weight sync, sleep / wake-up and pause / resume (:mod:`otel_rollout.engine_ops`):
+        ``LLM``'s and ``AsyncLLM``'s own methods, and the worker RPCs that load weights."""
+        offline, online = "vllm.entrypoints.llm", "vllm.v1.engine.async_llm"
+        plan: list[tuple[str, str, ops.EngineOp | ops.Classifier, bool]] = [
+            (offline, "LLM.sleep", ops.ENGINE_SLEEP, False),
+            (offline, "LLM.wake_up", ops.ENGINE_WAKE, False),
+            (offline, "LLM.collective_rpc", ops.weight_rpc("LLM"), False),
+            (online, "AsyncLLM.sleep", ops.ENGINE_SLEEP, False),
+            (online, "AsyncLLM.wake_up", ops.ENGINE_WAKE, False),
+            (online, "AsyncLLM.collective_rpc", ops.weight_rpc("AsyncLLM"), False),
+            # Newer releases only (pause from 0.12, the weight-transfer API from 0.14 or so).
+            (online, "AsyncLLM.pause_generation", ops.GENERATION_PAUSE, True),
+            (online, "AsyncLLM.resume_generation", ops.GENERATION_RESUME, True),
+            (online, "AsyncLLM.start_weight_update", ops.WEIGHT_SYNC, True),
+            (online, "AsyncLLM.update_weights", ops.WEIGHT_SYNC, True),
+            (online, "AsyncLLM.finish_weight_update", ops.WEIGHT_SYNC, True),
+        ]
+        return [
+            Target(
+                module,
+                name,
+                ops.operation_wrapper(telemetry, op, name, adapter.model_name),
+                optional=optional,
+            )
+            for module, name, op, optional in plan
         ]
