@@ -20,6 +20,7 @@ __all__ = [
     "rollout_phase",
     "rollout_step",
     "set_step",
+    "set_weight_version",
 ]
 
 
@@ -33,4 +34,8 @@ def __getattr__(name: str) -> Any:
         from otel_rollout.sglang import SGLangInstrumentor
 
         return SGLangInstrumentor
+    if name == "set_weight_version":
+        from otel_rollout.engine_ops import set_weight_version
+
+        return set_weight_version
     raise AttributeError(f"module 'otel_rollout' has no attribute {name!r}")

@@ -25,6 +25,7 @@ from otel_rollout.semconv import (
     METRIC_ENGINE_HELD_TIME,
     METRIC_ENGINE_IDLE_TIME,
 )
+from otel_rollout.versions import WeightVersions
 
 
 class ActivitySource(Protocol):
@@ -55,6 +56,7 @@ class EngineActivity:
         "held_ns",
         "operations_running",
         "states",
+        "weights",
         "_since",
         "_lock",
     )
@@ -69,6 +71,8 @@ class EngineActivity:
         self.states: set[str] = set()
         """Lasting states set by an operation and cleared by its counterpart (``asleep``,
         ``paused``)."""
+        self.weights = WeightVersions()
+        """The engine's weight versions over time (:mod:`otel_rollout.versions`)."""
         self._since = time.monotonic_ns()
         self._lock = threading.Lock()
 
@@ -88,6 +92,8 @@ class EngineActivity:
                 self.states.discard(state)
 
     def change(self, delta: int, operation: str = "") -> None:
+        if delta > 0:
+            self.weights.generation_started()
         with self._lock:
             self._accrue(time.monotonic_ns())
             self.active = max(0, self.active + delta)

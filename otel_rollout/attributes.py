@@ -22,6 +22,7 @@ from otel_rollout.semconv import (
     ROLLOUT_STEP,
     ROLLOUT_TIMING_SOURCE,
     ROLLOUT_TTFT,
+    ROLLOUT_WEIGHT_VERSION,
     STEP_ATTR_PHASE_PREFIX,
     STEP_ATTR_PHASE_SUFFIX,
     STEP_ATTR_SLOWEST_TRAJECTORIES,
@@ -108,6 +109,7 @@ def request_span_attributes(
         (ROLLOUT_QUEUE_TIME, record.queue_time_s),
         (ROLLOUT_TTFT, record.ttft_s),
         (ROLLOUT_STEP, step),
+        (ROLLOUT_WEIGHT_VERSION, record.weight_version),
     )
     for key, value in optional:
         if value is not None:

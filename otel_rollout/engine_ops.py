@@ -22,6 +22,7 @@ through untouched; a failure of ours is logged once and the call runs unobserved
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -30,7 +31,7 @@ from otel_rollout.activity import EngineActivity
 from otel_rollout.attributes import engine_attributes
 from otel_rollout.instrumentation import Wrapper, argument, observing, should_observe
 from otel_rollout.phases import PhaseScope
-from otel_rollout.telemetry import Telemetry
+from otel_rollout.telemetry import Telemetry, engine_activities
 
 __all__ = [
     "ENGINE_SLEEP",
@@ -42,6 +43,9 @@ __all__ = [
     "Classifier",
     "EngineOp",
     "operation_wrapper",
+    "set_weight_version",
+    "version_argument",
+    "version_field",
     "weight_rpc",
 ]
 
@@ -55,6 +59,16 @@ class EngineOp(NamedTuple):
     leaves: str | None = None
     """State a successful call ends (a wake-up ends ``asleep``), unless it returned ``False``:
     vLLM's ``wake_up(tags=…)`` returns whether the engine is fully awake."""
+    version_of: Callable[[tuple[Any, ...], dict[str, Any]], Any] | None = None
+    """The weight version the call names, if it can (:mod:`otel_rollout.versions`)."""
+
+    @property
+    def updates_weights(self) -> bool:
+        return self.kind == "weight_sync"
+
+    def named(self, version_of: Callable[[tuple[Any, ...], dict[str, Any]], Any]) -> EngineOp:
+        """This kind, reading the version the call names with ``version_of(args, kwargs)``."""
+        return self._replace(version_of=version_of)
 
 
 WEIGHT_SYNC = EngineOp("weight_sync")
@@ -90,19 +104,35 @@ def weight_rpc(owner: str) -> Classifier:
     return classify
 
 
+def version_argument(position: int, name: str) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    """The version a call passes as argument ``name`` (vLLM's ``finish_weight_update``)."""
+    return lambda args, kwargs: argument(args, kwargs, position, name)
+
+
+def version_field(position: int, name: str) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    """The version in field ``name`` of the request object a call takes (SGLang's ``obj``)."""
+    return lambda args, kwargs: getattr(argument(args, kwargs, position, "obj"), name, None)
+
+
 class _Running:
     """One operation in progress: the engine held, its phase open (a sync context manager)."""
 
-    __slots__ = ("op", "activity", "scope", "telemetry", "result")
+    __slots__ = ("op", "activity", "scope", "telemetry", "result", "version")
 
     def __init__(
-        self, op: EngineOp, activity: EngineActivity, scope: PhaseScope, telemetry: Telemetry
+        self,
+        op: EngineOp,
+        activity: EngineActivity,
+        scope: PhaseScope,
+        telemetry: Telemetry,
+        version: Any = None,
     ) -> None:
         self.op = op
         self.activity = activity
         self.scope = scope
         self.telemetry = telemetry
         self.result: Any = None
+        self.version = version
 
     def __enter__(self) -> None:
         with self.telemetry.log.guard("engine operation"):
@@ -123,6 +153,8 @@ class _Running:
                 self.activity.set_state(self.op.enters, True)
             if exc is None and self.op.leaves and self.result is not False:
                 self.activity.set_state(self.op.leaves, False)
+            if exc is None and self.op.updates_weights and _succeeded(self.result):
+                self.activity.weights.updated(time.time_ns(), self.version)
             self.activity.hold(-1)
         # None: the engine's exception passes through as it was.
 
@@ -147,6 +179,7 @@ def operation_wrapper(
                     return None
                 kind, method = found
             model = model_of(instance)
+            version = kind.version_of(args, kwargs) if kind.version_of else None
             scope = PhaseScope(
                 kind.kind,
                 framework=telemetry.provider,
@@ -155,7 +188,7 @@ def operation_wrapper(
                 tracer=telemetry.tracer,
                 **engine_attributes(telemetry.provider, model),
             )
-            return _Running(kind, telemetry.engine_activity(model), scope, telemetry)
+            return _Running(kind, telemetry.engine_activity(model), scope, telemetry, version)
         return None
 
     def wrapper(
@@ -173,6 +206,27 @@ def operation_wrapper(
             return running.result
 
     return wrapper
+
+
+def _succeeded(result: Any) -> bool:
+    """Whether a weight update returned success: SGLang returns ``(success, message, …)``."""
+    if isinstance(result, tuple) and result and isinstance(result[0], bool):
+        return result[0]
+    return True
+
+
+def set_weight_version(version: int | str, model: str | None = None) -> None:
+    """The engines of this process run weights ``version`` from now on (``model``: only that one).
+
+    For trainers that number their policy versions themselves (fully-async RL): every request
+    arriving from now on carries it (``rollout.weight.version``), and weight updates the
+    instrumentation sees no longer count versions up by themselves. Call it where the new weights
+    are loaded, in the process that runs the engine.
+    """
+    now = time.time_ns()
+    for _provider, name, activity in engine_activities():
+        if model is None or name == model:
+            activity.weights.name(now, version)
 
 
 async def _awaited(

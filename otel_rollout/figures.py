@@ -25,6 +25,9 @@ from otel_rollout.semconv import (
     STEP_ATTR_OUTPUT_TOKENS_P50,
     STEP_ATTR_OUTPUT_TOKENS_P90,
     STEP_ATTR_PEAK_ACTIVE,
+    STEP_ATTR_STALE_REQUESTS,
+    STEP_ATTR_STALENESS_MAX,
+    STEP_ATTR_STALENESS_MEAN,
     STEP_ATTR_TAIL_DURATION,
     STEP_ATTR_TAIL_FRACTION,
     STEP_ATTR_TRAJECTORIES,
@@ -33,11 +36,13 @@ from otel_rollout.semconv import (
     STEP_ATTR_TRAJECTORY_DURATION_P90,
     STEP_ATTR_TRAJECTORY_TURNS_MAX,
     STEP_ATTR_TRAJECTORY_TURNS_P50,
+    STEP_ATTR_WEIGHT_VERSION,
     STEP_DURATION,
     STEP_IDLE_CAPACITY,
     STEP_IDLE_FRACTION,
     STEP_OUTPUT_TOKENS,
     STEP_REQUESTS,
+    STEP_STALENESS,
     STEP_STRAGGLER_RATIO,
     STEP_TAIL_DURATION,
     STEP_TAIL_REQUESTS,
@@ -49,6 +54,8 @@ if TYPE_CHECKING:
     from otel_rollout.analysis import StepStats
 
 FRACTION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
+"""Weight versions behind: off-policy RL keeps it at a handful (AReaL's default bound is 4)."""
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
 
 
@@ -83,6 +90,10 @@ class StepFigure:
 
 
 _TOKENS = "Per-step response length statistics."
+_STALENESS = (
+    "Per-step weight-version staleness: the step's weight version minus the version that "
+    "generated each request."
+)
 
 STEP_FIGURES: tuple[StepFigure, ...] = (
     StepFigure(
@@ -194,6 +205,27 @@ STEP_FIGURES: tuple[StepFigure, ...] = (
         "Share of the step's trajectory time spent in tool calls.",
         FRACTION_BUCKETS,
     ),
+    # weight-version staleness (absent from a step whose requests carry no version)
+    StepFigure("staleness.current", STEP_ATTR_WEIGHT_VERSION),
+    StepFigure(
+        "staleness.max",
+        STEP_ATTR_STALENESS_MAX,
+        STEP_STALENESS,
+        "{version}",
+        _STALENESS,
+        STALENESS_BUCKETS,
+        "max",
+    ),
+    StepFigure(
+        "staleness.mean",
+        STEP_ATTR_STALENESS_MEAN,
+        STEP_STALENESS,
+        "{version}",
+        _STALENESS,
+        STALENESS_BUCKETS,
+        "mean",
+    ),
+    StepFigure("staleness.stale_requests", STEP_ATTR_STALE_REQUESTS),
 )
 """In the step span's attribute order (README's step-span table)."""
 

@@ -152,6 +152,9 @@ class RequestRecord:
     trace_id: int = 0
     """The request span's ids, set by the emitter; 0 until the span exists (W3C: invalid)."""
     span_id: int = 0
+    weight_version: int | str | None = None
+    """The engine's weight version when the request arrived (:mod:`otel_rollout.versions`);
+    ``None`` where no version was ever seen."""
 
     @property
     def trace_hex(self) -> str | None:

@@ -25,6 +25,8 @@ ROLLOUT_CACHED_TOKENS = "rollout.usage.cached_tokens"
 ROLLOUT_TIMING_SOURCE = "rollout.timing.source"
 """Where the span's timestamps came from: ``engine``, ``engine_steps``, ``engine_latency``, ``observed`` (README)."""
 ROLLOUT_BATCH_SIZE = "rollout.batch.size"
+ROLLOUT_WEIGHT_VERSION = "rollout.weight.version"
+"""The engine's policy weight version when the request arrived (:mod:`otel_rollout.versions`)."""
 ROLLOUT_STEP_ATTRIBUTE_PREFIX = "rollout.step."
 """Extra keyword arguments of ``rollout_step(i, key=value)`` become ``rollout.step.key`` on the step span."""
 
@@ -66,6 +68,13 @@ STEP_ATTR_PEAK_ACTIVE = "rollout.step.peak_active"
 STEP_PARTIAL = "rollout.step.partial"
 """True on a step some of whose remote calls never reported their requests (figures are partial)."""
 STEP_MISSING_CALLS = "rollout.step.missing_calls"
+
+# --- weight-version staleness (otel_rollout.versions) ----------------------------------------
+STEP_ATTR_WEIGHT_VERSION = "rollout.step.weight_version"
+STEP_STALENESS = "rollout.step.staleness"
+STEP_ATTR_STALENESS_MAX = "rollout.step.staleness.max"
+STEP_ATTR_STALENESS_MEAN = "rollout.step.staleness.mean"
+STEP_ATTR_STALE_REQUESTS = "rollout.step.stale_requests"
 
 # --- step phases (otel_rollout.phases) -------------------------------------------------------
 PHASE_SPAN_NAME = "rollout.phase"

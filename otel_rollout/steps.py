@@ -34,7 +34,12 @@ from otel_rollout.analysis import StepStats, analyze
 from otel_rollout.config import RolloutConfig, load_config
 from otel_rollout.context import current_step, step_number, with_step
 from otel_rollout.decorating import each_call_in
-from otel_rollout.telemetry import StepTelemetry, Telemetry, job_step_telemetry
+from otel_rollout.telemetry import (
+    StepTelemetry,
+    Telemetry,
+    engine_activities,
+    job_step_telemetry,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -200,7 +205,15 @@ class StepScope:
         stats: StepStats | None = None
         with telemetry.log.guard("step analytics"):
             stats = analyze(
-                records, duration, config.tail_quantile, config.summary_stragglers, trajectories
+                records,
+                duration,
+                config.tail_quantile,
+                config.summary_stragglers,
+                trajectories,
+                weight_version=self.attributes.get("weight_version"),
+                newest_versions=[
+                    a.weights.current for _, _, a in engine_activities() if a.weights.seen
+                ],
             )
         self.stats = stats
         if self._span is not None:

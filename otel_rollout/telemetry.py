@@ -185,6 +185,17 @@ class Telemetry:
         """Each engine (model) this telemetry has seen, with its in-flight state."""
         return list(self._engines.items())
 
+    def _stamp_weight_versions(self, records: Sequence[RequestRecord]) -> None:
+        """Each request's weight version: the one its engine ran when the request arrived.
+
+        Only engines of this process that saw a version change stamp their requests; a record of
+        a client call to a remote server (no engine here) stays without one.
+        """
+        for record in records:
+            activity = self._engines.get(record.model)
+            if activity is not None and activity.weights.seen:
+                record.weight_version = activity.weights.at(record.arrival_ns)
+
     def _base_attributes(self, model: str, operation: str) -> dict[str, str]:
         return base_attributes(self.provider, model, operation)
 
@@ -238,6 +249,7 @@ class Telemetry:
             capacity = self.config.emit_queue
             if self._preset is None and isinstance(self.tracer, trace.ProxyTracer):
                 self._resolve_proxy()
+            self._stamp_weight_versions(records)
             if capacity <= 0 or self._preset is None:
                 self._emit_inline(records, parent)
                 return
@@ -579,6 +591,13 @@ def unregister(telemetry: Telemetry) -> None:
     with _ENGINES_LOCK:
         if telemetry in _ENGINES:
             _ENGINES.remove(telemetry)
+
+
+def engine_activities() -> list[tuple[str, str, EngineActivity]]:
+    """(provider, model, activity) of every engine the instrumented engines of this process saw."""
+    with _ENGINES_LOCK:
+        members = list(_ENGINES)
+    return [(t.provider, model, activity) for t in members for model, activity in t.activities()]
 
 
 def step_telemetry(tracer_provider: Any = None, meter_provider: Any = None) -> StepTelemetry:

@@ -53,6 +53,7 @@ def step_entry(
             "request_id": record.request_id,
             "model": record.model,
             "timing_source": record.timing_source,
+            "weight_version": record.weight_version,
             "trace_id": record.trace_hex,
             "span_id": record.span_hex,
         }

@@ -39,4 +39,9 @@ def format_summary(step: int | None, stats: StepStats) -> str:
                 f"tools {slow.tool_s:.3f} s {slow.status:<9} trace_id={slow.trace_id} "
                 f"span_id={slow.span_id}"
             )
+    if (w := stats.staleness) is not None:
+        lines.append(
+            f"  weights: version {w.current} | staleness max {w.max} mean {w.mean:.2f} | "
+            f"{w.stale_requests} of {w.requests} requests from older weights"
+        )
     return "\n".join(lines)

@@ -45,15 +45,17 @@ class SGLangInstrumentor(EngineInstrumentor):
         (:mod:`otel_rollout.engine_ops`): ``TokenizerManager``'s coroutines, which both the
         offline ``Engine`` and the HTTP server (``/update_weights_from_disk``, …) call."""
         manager = "sglang.srt.managers.tokenizer_manager"
+        # Each update request may name the version it loads (``obj.weight_version``).
+        weights = ops.WEIGHT_SYNC.named(ops.version_field(0, "weight_version"))
         plan: list[tuple[str, ops.EngineOp, bool]] = [
-            ("update_weights_from_disk", ops.WEIGHT_SYNC, False),
-            ("update_weights_from_tensor", ops.WEIGHT_SYNC, False),
-            ("update_weights_from_distributed", ops.WEIGHT_SYNC, False),
+            ("update_weights_from_disk", weights, False),
+            ("update_weights_from_tensor", weights, False),
+            ("update_weights_from_distributed", weights, False),
             ("release_memory_occupation", ops.ENGINE_SLEEP, False),
             ("resume_memory_occupation", ops.ENGINE_WAKE, False),
             ("pause_generation", ops.GENERATION_PAUSE, False),
             ("continue_generation", ops.GENERATION_RESUME, False),
-            ("update_weights_from_ipc", ops.WEIGHT_SYNC, True),  # checkpoint-engine, newer only
+            ("update_weights_from_ipc", weights, True),  # checkpoint-engine, newer only
         ]
         return [
             Target(

@@ -71,7 +71,12 @@ class VLLMInstrumentor(EngineInstrumentor):
             (online, "AsyncLLM.resume_generation", ops.GENERATION_RESUME, True),
             (online, "AsyncLLM.start_weight_update", ops.WEIGHT_SYNC, True),
             (online, "AsyncLLM.update_weights", ops.WEIGHT_SYNC, True),
-            (online, "AsyncLLM.finish_weight_update", ops.WEIGHT_SYNC, True),
+            (
+                online,
+                "AsyncLLM.finish_weight_update",
+                ops.WEIGHT_SYNC.named(ops.version_argument(0, "weight_version")),
+                True,
+            ),
         ]
         return [
             Target(

@@ -10,7 +10,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_rollout import semconv
-from otel_rollout.analysis import StepStats, TrajectoryStats, analyze
+from otel_rollout.analysis import StalenessStats, StepStats, TrajectoryStats, analyze
 from otel_rollout.attributes import step_span_attributes
 from otel_rollout.config import RolloutConfig
 from otel_rollout.figures import STEP_FIGURES, step_metrics
@@ -26,7 +26,7 @@ def _fields(cls: type) -> set[str]:
 
 
 def test_every_figure_reads_a_stepstats_value() -> None:
-    parts = {"trajectories": TrajectoryStats}
+    parts = {"trajectories": TrajectoryStats, "staleness": StalenessStats}
     for figure in STEP_FIGURES:
         head, _, rest = figure.field.partition(".")
         assert head in _fields(StepStats), figure
@@ -55,7 +55,7 @@ def test_figures_sharing_a_metric_agree_and_say_which_statistic() -> None:
     assert set(step_metrics()) == set(shared)
 
 
-def _stats(trajectories: tuple[TrajectoryRecord, ...] = ()) -> StepStats:
+def _stats(trajectories: tuple[TrajectoryRecord, ...] = (), versions: bool = False) -> StepStats:
     start = 1_000_000_000_000
     records = [
         make_record(
@@ -65,8 +65,9 @@ def _stats(trajectories: tuple[TrajectoryRecord, ...] = ()) -> StepStats:
             scheduled_ns=start + 1_000_000,
             first_token_ns=start + 2_000_000,
             finish_ns=start + n * 100_000_000,
+            weight_version=(i % 3 if versions else None),
         )
-        for n in (4, 8, 8, 16, 64)
+        for i, n in enumerate((4, 8, 8, 16, 64))
     ]
     stats = analyze(records, duration_s=7.0, trajectories=trajectories)
     assert stats is not None
@@ -95,9 +96,12 @@ def _trajectory(seconds: float, tool_s: float, span_id: int) -> TrajectoryRecord
 
 
 @pytest.mark.parametrize("with_trajectories", [False, True])
-def test_span_attributes_and_points_come_from_the_table(with_trajectories: bool) -> None:
+@pytest.mark.parametrize("with_versions", [False, True])
+def test_span_attributes_and_points_come_from_the_table(
+    with_trajectories: bool, with_versions: bool
+) -> None:
     trajectories = (_trajectory(2.0, 1.0, 7), _trajectory(1.0, 0.5, 8)) if with_trajectories else ()
-    stats = _stats(trajectories)
+    stats = _stats(trajectories, with_versions)
     attrs = step_span_attributes(stats)
     expected_attrs = {
         f.span_attribute: f.value(stats)
@@ -133,4 +137,10 @@ def test_span_attributes_and_points_come_from_the_table(with_trajectories: bool)
         if f.metric and f.value(stats) is not None
     }
     assert ((semconv.STEP_TOOL_SHARE, None) in points) == with_trajectories
+    assert ((semconv.STEP_STALENESS, "max") in points) == with_versions
+    if with_versions:  # versions 0,1,2,0,1 against the newest, 2
+        assert attrs[semconv.STEP_ATTR_WEIGHT_VERSION] == 2
+        assert attrs[semconv.STEP_ATTR_STALENESS_MAX] == 2
+        assert attrs[semconv.STEP_ATTR_STALENESS_MEAN] == pytest.approx(6 / 5)
+        assert attrs[semconv.STEP_ATTR_STALE_REQUESTS] == 4
     assert points == expected

@@ -70,7 +70,8 @@ def test_weight_update_and_pause_are_phases_of_the_step(
             calls[name] = (start, time.time_ns())
 
     held0 = activity.totals()[2]
-    with rollout_step(4):
+    base = activity.weights.current
+    with rollout_step(4) as scope:
         first = engine.generate(prompt="def f():", sampling_params=params(6))
         timed(
             "pause",
@@ -91,6 +92,19 @@ def test_weight_update_and_pause_are_phases_of_the_step(
 
     assert updated[0] is True, updated  # SGLang's own (success, message, …), unchanged
     assert len(first["output_ids"]) == 6 and len(second["output_ids"]) == 5
+    # The update is counted: the request after it runs the next weight version.
+    versions = {
+        s.attributes["gen_ai.response.id"]: s.attributes.get("rollout.weight.version")
+        for s in otel.finished_spans()
+        if "gen_ai.response.id" in s.attributes
+    }
+    assert versions[second["meta_info"]["id"]] == base + 1
+    first_version = versions[first["meta_info"]["id"]]
+    assert first_version in (None, base)  # before any update was seen: no version at all
+    assert scope.stats is not None and scope.stats.staleness is not None
+    staleness = scope.stats.staleness
+    assert staleness.current == base + 1
+    assert staleness.max == (0 if first_version is None else 1)
 
     spans = [s for s in otel.finished_spans() if s.name.startswith("rollout.phase ")]
     by_kind = {s.attributes["rollout.phase.name"]: s for s in spans}

@@ -207,3 +207,60 @@ def test_async_pause_update_resume(
     window = (calls["resume"][1] - calls["pause"][0]) / 1e9
     assert paused_s <= held <= window + 0.05, (held, paused_s, window)
     assert not activity.states
+
+
+def test_fully_async_staleness_is_the_versions_the_test_assigned(
+    otel: OTelHarness, engine: Any, vllm_module: Any, loop: asyncio.AbstractEventLoop
+) -> None:
+    """Fully-async: the next wave's generation overlaps the weight update of this one.
+
+    Wave A starts and is generating when the weights are reloaded (one update: version + 1);
+    wave B starts after. The test assigns each request the number of updates completed before it
+    started; its span's ``rollout.weight.version`` and the step's staleness must say the same.
+    """
+    activity = vllm_telemetry().engine_activity(model_name(engine))
+    long = vllm_module.SamplingParams(max_tokens=64, ignore_eos=True)
+    short = vllm_module.SamplingParams(max_tokens=8, ignore_eos=True)
+    assigned: dict[str, int] = {}
+    updates = 0
+
+    async def request(rid: str, params: Any, started: asyncio.Event) -> int:
+        assigned[rid] = updates
+        tokens = 0
+        async for out in engine.generate(f"prompt {rid}", params, rid):
+            started.set()
+            tokens = len(out.outputs[0].token_ids)
+        return tokens
+
+    async def run() -> list[int]:
+        nonlocal updates
+        wave_a = [asyncio.Event() for _ in range(3)]
+        tasks = [asyncio.ensure_future(request(f"a{i}", long, e)) for i, e in enumerate(wave_a)]
+        for event in wave_a:
+            await event.wait()  # every A request is generating
+        await engine.collective_rpc("reload_weights")
+        updates += 1
+        tasks += [asyncio.ensure_future(request(f"b{i}", short, asyncio.Event())) for i in range(3)]
+        return list(await asyncio.gather(*tasks))
+
+    base = activity.weights.current if activity.weights.seen else 0
+    assert isinstance(base, int)
+    with rollout_step(5) as step:
+        tokens = loop.run_until_complete(run())
+    assert tokens == [64, 64, 64, 8, 8, 8]
+
+    spans = {
+        s.attributes["gen_ai.response.id"]: s
+        for s in otel.finished_spans()
+        if s.attributes.get("gen_ai.response.id") in assigned
+    }
+    assert {rid: s.attributes["rollout.weight.version"] for rid, s in spans.items()} == {
+        rid: base + n for rid, n in assigned.items()
+    }
+    staleness = step.stats.staleness if step.stats else None
+    assert staleness is not None
+    assert (staleness.current, staleness.max, staleness.stale_requests) == (base + 1, 1, 3)
+    assert staleness.mean == pytest.approx(0.5)
+    step_span = _step(otel)
+    assert step_span.attributes["rollout.step.weight_version"] == base + 1
+    assert step_span.attributes["rollout.step.staleness.max"] == 1
