@@ -9,8 +9,10 @@
 
 Each step generates a heavy-tailed mix of response lengths, like RL rollouts: most responses are
 short, a few run to the maximum, and those asking for more than ``--max-tokens`` are cut off
-(``finish_reason=length``). The step summary (``OTEL_ROLLOUT_STEP_SUMMARY``) is printed after
-every step; at the end the script prints latency and length quantiles over all requests and the
+(``finish_reason=length``). Each step runs as a trainer's would: generation, reward and the
+policy update as ``rollout_phase``s, then a weight reload through vLLM's own ``collective_rpc``
+(timed zero-code as the step's ``weight_sync``). The step summary (``OTEL_ROLLOUT_STEP_SUMMARY``,
+with its phases and weight-version lines) is printed after every step; at the end the script prints latency and length quantiles over all requests and the
 slowest requests with the trace ids to look up in Tempo/Jaeger.
 
 Set ``OTEL_ROLLOUT_REPORT_DIR=DIR`` for a PNG per step (needs ``otel-rollout[report]``).
@@ -30,7 +32,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
-from otel_rollout import VLLMInstrumentor, rollout_step
+from otel_rollout import VLLMInstrumentor, rollout_phase, rollout_step
 from otel_rollout.sdk import configure_from_environment
 
 
@@ -149,10 +151,21 @@ def main() -> None:
             f"Problem {step}.{i}: explain your reasoning step by step." for i in range(args.batch)
         ]
         with rollout_step(step):
-            llm.generate(
-                prompts, sampling_params(vllm, lengths, args.max_tokens, stop_ids), use_tqdm=False
-            )
-        # ... the training update on the step's responses would run here ...
+            with rollout_phase("generation"):
+                outputs = llm.generate(
+                    prompts,
+                    sampling_params(vllm, lengths, args.max_tokens, stop_ids),
+                    use_tqdm=False,
+                )
+            with rollout_phase("reward"):  # score the samples (here: a toy length reward)
+                rewards = [len(o.outputs[0].token_ids) / args.max_tokens for o in outputs]
+            with rollout_phase("actor_update"):
+                # ... the policy update on (outputs, rewards) would run here ...
+                sum(rewards)
+            # The new weights reach the engine through vLLM's own worker RPC: an engine
+            # operation, timed zero-code as the step's weight_sync phase (the same tiny
+            # weights are reloaded; what matters is the real code path).
+            llm.collective_rpc("reload_weights")
 
     collector.provider.force_flush()  # export what is batched before the table is printed
     done = collector.requests

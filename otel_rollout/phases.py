@@ -90,6 +90,7 @@ class PhaseScope:
         self._step: Any = None
         self._top_level = False
         self._started = 0.0
+        self._start_ns = 0
         self.seconds: float | None = None
         """The phase's wall time once it ended (monotonic clock)."""
 
@@ -101,6 +102,7 @@ class PhaseScope:
         # One instant for the span's start and the phase's seconds: the span is as long as the
         # figure on the step (and as the framework's own timer), whatever runs in between.
         self._started, start_ns = time.monotonic(), time.time_ns()
+        self._start_ns = start_ns
         with telemetry.log.guard("phase span"):
             self._span = telemetry.start_phase(
                 self.name, self.attributes, start_ns, tracer=self._tracer
@@ -124,7 +126,7 @@ class PhaseScope:
         add = getattr(self._step, "add_phase", None)
         if self._top_level and add is not None:
             with telemetry.log.guard("phase totals"):
-                add(self.name, self.seconds)
+                add(self.name, self.seconds, self._start_ns, end_ns)
 
     async def __aenter__(self) -> PhaseScope:
         return self.__enter__()

@@ -135,6 +135,9 @@ class StepScope:
         """True when some process the step reached did not report its requests in time."""
         self.phases: dict[str, float] = {}
         """Seconds per top-level phase of the step (:mod:`otel_rollout.phases`), summed by name."""
+        self.phase_intervals: list[tuple[str, int, int]] = []
+        """Each top-level phase as ``(name, start_ns, end_ns)``: the step timeline of the
+        reports (summary, step log, PNG lane)."""
 
     # --- collection -------------------------------------------------------------------------
 
@@ -147,10 +150,14 @@ class StepScope:
         with self._lock:
             self._trajectories.append(trajectory)
 
-    def add_phase(self, name: str, seconds: float) -> None:
+    def add_phase(
+        self, name: str, seconds: float, start_ns: int | None = None, end_ns: int | None = None
+    ) -> None:
         """A phase directly under this step ended (:class:`otel_rollout.phases.PhaseScope`)."""
         with self._lock:
             self.phases[name] = self.phases.get(name, 0.0) + seconds
+            if start_ns is not None and end_ns is not None:
+                self.phase_intervals.append((name, start_ns, end_ns))
 
     # --- context manager ----------------------------------------------------------------------
 
@@ -231,7 +238,9 @@ class StepScope:
             self._span = None
         if stats is not None:
             with telemetry.log.guard("step reports"):
-                reports.publish(self.step, stats, records, config, trajectories)
+                reports.publish(
+                    self.step, stats, records, config, trajectories, list(self.phase_intervals)
+                )
 
     async def __aenter__(self) -> StepScope:
         return self.__enter__()

@@ -382,6 +382,46 @@ def row_steps(d: db.Dashboard) -> db.Dashboard:
             w=24,
         )
     )
+    weight_sync = f'{STEP}, rollout_phase_name="weight_sync"'
+    d = d.with_panel(
+        ts(
+            "Weight sync: duration p50 / p90 / max",
+            "s",
+            prom(
+                "A",
+                "histogram_quantile(0.5, sum by (le) (rate("
+                f"rollout_step_phase_duration_seconds_bucket{{{weight_sync}}}[{RI}])))",
+                "p50",
+            ),
+            prom(
+                "B",
+                "histogram_quantile(0.9, sum by (le) (rate("
+                f"rollout_step_phase_duration_seconds_bucket{{{weight_sync}}}[{RI}])))",
+                "p90",
+            ),
+            prom("C", mean_per_step("rollout_step_phase_duration_seconds", weight_sync), "mean"),
+            description="Engine weight updates (vLLM collective_rpc weight RPCs, the weight-"
+            "transfer API; SGLang update_weights_from_*; verl's update_weights timer): "
+            "rollout.step.phase.duration with rollout.phase.name=weight_sync. The distribution, "
+            "not only the mean: a few slow syncs stall the whole step.",
+            w=8,
+        )
+    )
+    d = d.with_panel(
+        ts(
+            "Weight-version staleness per step",
+            "short",
+            prom(
+                "A",
+                mean_per_step("rollout_step_staleness", by="rollout_statistic"),
+                "{{rollout_statistic}} versions behind",
+            ),
+            description="rollout.step.staleness: the step's weight version minus the version "
+            "that generated each request (fully-async RL). max is the oldest sample the step "
+            "trained on; 0 means on-policy.",
+            w=8,
+        )
+    )
     return d
 
 
@@ -483,17 +523,28 @@ def row_engines(d: db.Dashboard) -> db.Dashboard:
     )
     eng = 'job=~"$service", instance=~"$replica"'
     by = "job, instance, gen_ai_request_model"
+
+    def engine_time(state: str) -> str:
+        return f"sum by ({by}) (rate(rollout_engine_{state}_time_seconds_total{{{eng}}}[{RI}]))"
+
+    total = " + ".join(engine_time(state) for state in ("busy", "idle", "held"))
     d = d.with_panel(
         ts(
-            "Engine idle ratio per replica",
+            "Engine time per replica: generating / held / idle",
             "percentunit",
-            prom(
-                "A",
-                f"sum by ({by}) (rate(rollout_engine_idle_time_seconds_total{{{eng}}}[{RI}]))"
-                f" / (sum by ({by}) (rate(rollout_engine_busy_time_seconds_total{{{eng}}}[{RI}]))"
-                f" + sum by ({by}) (rate(rollout_engine_idle_time_seconds_total{{{eng}}}[{RI}])))",
-                "{{instance}} {{gen_ai_request_model}}",
+            *(
+                prom(ref, f"{engine_time(state)} / ({total})", f"{label} {{{{instance}}}}")
+                for ref, state, label in (
+                    ("A", "busy", "generating"),
+                    ("B", "held", "held"),
+                    ("C", "idle", "idle"),
+                )
             ),
+            description="Share of each replica's time with requests in flight (generating), held "
+            "by an engine operation - weight sync, sleep / wake-up, generation paused or asleep - "
+            "(held), and with nothing to do (idle). Held time is not idle capacity: the goodput "
+            "picture of a step's engine side.",
+            stacked=True,
         )
     )
     d = d.with_panel(

@@ -24,15 +24,19 @@ def publish(
     records: Sequence[RequestRecord],
     config: RolloutConfig,
     trajectories: Sequence[TrajectoryRecord] = (),
+    phases: Sequence[tuple[str, int, int]] = (),
 ) -> None:
-    """Everything the configuration asks for at a step's end: summary, log line, PNG."""
+    """Everything the configuration asks for at a step's end: summary, log line, PNG.
+
+    ``phases`` are the step's top-level phases as ``(name, start_ns, end_ns)``.
+    """
     if config.step_summary:
-        print(format_summary(step, stats), file=sys.stderr, flush=True)
+        print(format_summary(step, stats, phases), file=sys.stderr, flush=True)
     if not (config.step_log or config.report_dir):
         return
     from otel_rollout.reports import steplog
 
-    entry = steplog.step_entry(step, stats, records, trajectories)
+    entry = steplog.step_entry(step, stats, records, trajectories, phases)
     if config.step_log:
         steplog.append_step_log(config.step_log, entry)
     if config.report_dir:

@@ -32,6 +32,7 @@ def step_entry(
     stats: StepStats,
     records: Sequence[RequestRecord],
     trajectories: Sequence[TrajectoryRecord] = (),
+    phases: Sequence[tuple[str, int, int]] = (),
 ) -> dict[str, Any]:
     """One step as plain JSON: its analytics, every request's timeline and every trajectory's.
 
@@ -87,6 +88,10 @@ def step_entry(
         "stats": stats_dict,
         "requests": requests,
         "trajectories": trajectory_entries,
+        "phases": [
+            {"name": name, "start_ns": start - t0, "end_ns": end - t0}
+            for name, start, end in sorted(phases, key=lambda p: p[1])
+        ],
     }
 
 

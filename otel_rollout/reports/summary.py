@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from otel_rollout.analysis import StepStats
 
 
-def format_summary(step: int | None, stats: StepStats) -> str:
+def format_summary(
+    step: int | None, stats: StepStats, phases: Sequence[tuple[str, int, int]] = ()
+) -> str:
+    """The step's lines: headline, tail, stragglers, then trajectories, phases and weights where
+    the step had them (``phases``: its top-level phases as ``(name, start_ns, end_ns)``)."""
     label = f"step {step}" if step is not None else "step"
     lines = [
         f"[otel_rollout] {label}: {stats.requests} requests in {stats.duration_s:.2f} s | "
@@ -39,6 +45,15 @@ def format_summary(step: int | None, stats: StepStats) -> str:
                 f"tools {slow.tool_s:.3f} s {slow.status:<9} trace_id={slow.trace_id} "
                 f"span_id={slow.span_id}"
             )
+    if phases:
+        totals: dict[str, float] = {}
+        for name, start_ns, end_ns in phases:
+            totals[name] = totals.get(name, 0.0) + max(0, end_ns - start_ns) / 1e9
+        covered = sum(totals.values())
+        parts = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in totals.items())
+        lines.append(
+            f"  phases: {parts} | unaccounted {max(0.0, stats.duration_s - covered):.2f} s"
+        )
     if (w := stats.staleness) is not None:
         lines.append(
             f"  weights: version {w.current} | staleness max {w.max} mean {w.mean:.2f} | "

@@ -129,3 +129,65 @@ def test_phase_names_stay_bounded(
     assert sorted(s.attributes[PHASE_NAME] for s in spans) == [f"reward_{i}" for i in range(4)]
     warnings = [r for r in caplog.records if "distinct phase names" in r.getMessage()]
     assert len(warnings) == 1
+
+
+def test_the_step_timeline_in_summary_step_log_and_png(
+    otel: OTelHarness,
+    make_telemetry: Any,
+    model: str,
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The step's top-level phases as its timeline: a summary line with each phase's seconds and
+    the unaccounted rest, the phases in the step log (times relative to the step's t0, as the
+    spans have them), and a lane above the request waterfall in the PNG."""
+    from otel_rollout.config import RolloutConfig
+    from otel_rollout.reports.steplog import read_log
+    from otel_rollout.steps import StepScope
+    from testkit.records import make_record
+
+    telemetry = make_telemetry()
+    config = RolloutConfig(
+        step_summary=True, step_log=str(tmp_path / "steps.jsonl"), report_dir=str(tmp_path)
+    )
+    with StepScope(21, config=config, telemetry=telemetry) as step:
+        with rollout_phase("generation"):
+            telemetry.emit(make_record(model, arrival_ns=time.time_ns() - 30_000_000))
+            time.sleep(0.03)
+        with rollout_phase("weight_sync"):
+            time.sleep(0.02)
+        time.sleep(0.01)  # covered by no phase
+    spans = {s.name: s for s in otel.finished_spans()}
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if x.startswith("  phases: ")]
+    totals = dict(step.phases)
+    assert line == (
+        f"  phases: generation {totals['generation']:.2f} s, weight_sync "
+        f"{totals['weight_sync']:.2f} s | unaccounted "
+        f"{step.stats.duration_s - sum(totals.values()):.2f} s"  # type: ignore[union-attr]
+    )
+    (entry,) = list(read_log(tmp_path / "steps.jsonl"))
+    t0 = entry["t0_unix_ns"]
+    assert [(p["name"], p["start_ns"] + t0, p["end_ns"] + t0) for p in entry["phases"]] == [
+        (name, spans[f"rollout.phase {name}"].start_time, spans[f"rollout.phase {name}"].end_time)
+        for name in ("generation", "weight_sync")
+    ]
+    # The PNG gets the lane: drawn from the same entry, one bar per phase on the time axis.
+    from matplotlib.figure import Figure
+
+    from otel_rollout.reports.png import _phase_lane, _waterfall
+
+    assert (tmp_path / "step-000021.png").stat().st_size > 10_000
+    lane, below = Figure().subplots(2, 1)
+    _waterfall(below, entry["requests"], entry["stats"])
+    _phase_lane(lane, below, entry["phases"])
+    bars = [
+        (round(float(path.vertices[:, 0].min()), 6), round(float(path.vertices[:, 0].max()), 6))
+        for collection in lane.collections
+        for path in collection.get_paths()
+    ]
+    assert bars == [
+        (round(p["start_ns"] / 1e9, 6), round(p["end_ns"] / 1e9, 6)) for p in entry["phases"]
+    ]
+    assert lane.get_xlim() == below.get_xlim()
+    assert lane.get_xlim()[1] >= entry["phases"][-1]["end_ns"] / 1e9

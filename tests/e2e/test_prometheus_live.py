@@ -88,6 +88,7 @@ def scraped_run(
             "--linger",
             "--engine-stats",
             "--phases",  # the dashboard's phase panel must have data too
+            "--weight-sync",  # and its weight-sync, engine-time and staleness panels
             "--agents",  # and its trajectory row
             "2",
         ),

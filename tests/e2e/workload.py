@@ -3,7 +3,8 @@
 Meant to run under ``opentelemetry-instrument`` so that everything — providers, exporters, our
 instrumentor — is set up the zero-code way, from environment variables alone. It runs a few
 ``rollout_step``s of a long-tailed batch on the real vLLM CPU engine (with ``--phases``, each
-step's generation and a scoring as its phases, ``rollout_phase``; with ``--agents`` its prompts as
+step's generation and a scoring as its phases, ``rollout_phase``; with ``--weight-sync`` a weight
+reload through vLLM's ``collective_rpc`` at its end; with ``--agents`` its prompts as
 agentic trajectories, ``rollout_trajectory``), prints one JSON line per
 request (the truth the test compares telemetry against), prints ``DONE``, and then stays alive
 until its standard input closes so a scraper can read its metrics endpoint.
@@ -58,6 +59,12 @@ def main() -> None:
         "--phases", action="store_true", help="generation and scoring as the steps' phases"
     )
     parser.add_argument(
+        "--weight-sync",
+        action="store_true",
+        help="end each step with a weight reload through vLLM's own worker RPC (an engine "
+        "operation: weight_sync phase, held time, weight versions)",
+    )
+    parser.add_argument(
         "--agents",
         type=int,
         default=0,
@@ -81,6 +88,8 @@ def main() -> None:
                     outputs = generate(llm, prompts, params, args.agents)
                 with rollout_phase("reward"):  # what a trainer does next: score the samples
                     sum(len(set(o.outputs[0].token_ids)) for o in outputs)
+            if args.weight_sync:  # the trainer's new weights (the same tiny ones) reach vLLM
+                llm.collective_rpc("reload_weights")
         for out in outputs:
             print(
                 json.dumps(

@@ -123,6 +123,9 @@ def test_long_tail_dashboard_content(dashboards: dict[str, dict]) -> None:
         "rollout_requests_active",
         "rollout_engine_idle_time_seconds_total",
         "rollout_engine_busy_time_seconds_total",
+        "rollout_engine_held_time_seconds_total",
+        'rollout_phase_name="weight_sync"',
+        "rollout_step_staleness",
         "rollout_finish_reason",
         'rollout_finish_reason="length"',
     ):
