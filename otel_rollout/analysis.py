@@ -109,7 +109,8 @@ class StalenessStats:
 
     current: int
     """The step's weight version: the trainer's (``rollout_step(i, weight_version=v)``), else the
-    newest any engine of the process or any of the step's requests ran."""
+    newest any engine of the process ran when the step's last request finished, or any of the
+    step's requests ran."""
     max: int
     mean: float
     stale_requests: int
@@ -124,7 +125,8 @@ def analyze_staleness(
     """Staleness = the step's version − the version that generated each request.
 
     ``current`` is the version the trainer named for the step; without one it is the newest of
-    ``newest`` (the versions the process's engines run now) and of the requests' own versions.
+    ``newest`` (the versions the process's engines ran when the step's generation ended) and of
+    the requests' own versions.
     ``None`` for a step none of whose requests has a numeric version.
     """
     versions = [v for v in (as_int(r.weight_version) for r in records) if v is not None]

@@ -218,9 +218,7 @@ class StepScope:
                 config.summary_stragglers,
                 trajectories,
                 weight_version=self.attributes.get("weight_version"),
-                newest_versions=[
-                    a.weights.current for _, _, a in engine_activities() if a.weights.seen
-                ],
+                newest_versions=_versions_at_last_finish(records),
             )
         self.stats = stats
         if self._span is not None:
@@ -265,6 +263,19 @@ class StepScope:
             )
 
         return each_call_in(func, scope)
+
+
+def _versions_at_last_finish(records: list[RequestRecord]) -> list[object]:
+    """The weight versions this process's engines ran when the step's last request finished.
+
+    That, not the version at the step's end, is what the step's samples are measured against:
+    a synchronous loop syncs the next step's weights at the end of this one, after its
+    generation, and its samples are on-policy (staleness 0).
+    """
+    if not records:
+        return []
+    last = max(r.finish_ns for r in records)
+    return [a.weights.at(last) for _, _, a in engine_activities() if a.weights.seen]
 
 
 def rollout_step(step: int | None = None, **attributes: Any) -> StepScope:
