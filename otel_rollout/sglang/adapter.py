@@ -31,6 +31,14 @@ Timing exactness:
 * A request that failed or was abandoned before its final chunk (``observed``): from the call to
   the failure, as seen at the engine's boundary.
 
+Older releases (read off their wheels, docs/ENGINE_NOTES.md) name the same stamps otherwise, and
+:data:`FIRST_TOKEN_SOURCES` / :data:`SCHEDULED_SOURCES` list every way each is read, newest
+first: 0.5.5 gives the first token as ``prefill_finished_ts`` and the forward entry as
+``decode_finished_ts − forward_time``; 0.5.6–0.5.8 give ``decode_throughput`` (completion tokens
+per second after the first token: first token = ``decode_finished_ts − completion_tokens /
+decode_throughput``) and ``inference_time``. Each is the engine's own stamp, exact to float
+rounding, so the timing source stays ``engine``.
+
 Why one module of this size: SGLang's fields, its two clocks and the wrappers that read them
 change together from one SGLang release to the next; the pure translation (:func:`timeline`) is
 kept apart inside it and tested without an engine (``tests/core/test_extractors.py``).
@@ -153,6 +161,48 @@ class BatchScope:
                 self._ctx.run(self._cm.__exit__, type(error), error, error.__traceback__)
 
 
+FIRST_TOKEN_SOURCES: tuple[tuple[str, ...], ...] = (
+    ("first_token_latency",),  # 0.5.23: a duration from request_received_ts
+    ("prefill_finished_ts",),  # 0.5.5: a wall stamp
+    ("decode_finished_ts", "decode_throughput", "completion_tokens"),  # 0.5.6-0.5.8
+)
+"""The ``meta_info`` keys each way of reading the first token needs (the contract test checks
+that every release from 0.5.5 writes all the keys of one of them)."""
+SCHEDULED_SOURCES: tuple[tuple[str, ...], ...] = (
+    ("forward_entry_time",),  # 0.5.23: a wall stamp
+    ("decode_finished_ts", "forward_time"),  # 0.5.5: finish wall stamp − forward duration
+    ("decode_finished_ts", "inference_time"),  # 0.5.6-0.5.8
+)
+"""The same for the scheduler's forward entry (the end of the queue)."""
+
+
+def _first_token_ns(meta: Mapping[str, Any], received: int) -> int | None:
+    """The first token's epoch ns, by whichever of :data:`FIRST_TOKEN_SOURCES` the release wrote."""
+    latency = _seconds_ns(meta.get("first_token_latency"))
+    if latency is not None:
+        return received + latency
+    prefilled = Clock.from_wall(meta.get("prefill_finished_ts"))
+    if prefilled is not None:
+        return prefilled
+    finished = Clock.from_wall(meta.get("decode_finished_ts"))
+    throughput, tokens = meta.get("decode_throughput"), meta.get("completion_tokens")
+    if finished is None or not throughput or not tokens:
+        return None
+    return finished - int(tokens / throughput * 1e9)  # decoding took tokens / throughput s
+
+
+def _scheduled_ns(meta: Mapping[str, Any]) -> int | None:
+    """The forward entry's epoch ns, by whichever of :data:`SCHEDULED_SOURCES` it has."""
+    entry = Clock.from_wall(meta.get("forward_entry_time"))
+    if entry is not None:
+        return entry
+    finished = Clock.from_wall(meta.get("decode_finished_ts"))
+    forward = _seconds_ns(meta.get("forward_time"))
+    if forward is None:
+        forward = _seconds_ns(meta.get("inference_time"))
+    return None if finished is None or forward is None else finished - forward
+
+
 def timeline(
     meta: Mapping[str, Any],
     streamed: bool,
@@ -171,12 +221,11 @@ def timeline(
     e2e = _seconds_ns(meta.get("e2e_latency"))
     received = Clock.from_wall(meta.get("request_received_ts"))
     if error is None and e2e is not None and received is not None:
-        first_latency = _seconds_ns(meta.get("first_token_latency"))
         return (
             received,
             received + e2e,
-            None if first_latency is None else received + first_latency,
-            Clock.from_wall(meta.get("forward_entry_time")),
+            _first_token_ns(meta, received),
+            _scheduled_ns(meta),
             "engine",
         )
     if error is None and e2e is not None:

@@ -11,6 +11,9 @@ installed) and checks, per version:
 * the ``GenerateReqInput`` fields ``request_shape`` reads are declared;
 * every ``meta_info`` key the adapter reads (taken from ``otel_rollout/sglang/adapter.py`` itself,
   so the contract follows the adapter) is written somewhere into a ``meta_info`` by that release;
+  a figure the adapter can read in several ways (the first token, the forward entry: its
+  ``FIRST_TOKEN_SOURCES`` / ``SCHEDULED_SOURCES``) holds when the release writes every key of
+  one of them;
 * the instrumentor's version gate accepts the release.
 
 0.5.23 (the tested release) is the control: everything must hold there. What an older release
@@ -34,6 +37,7 @@ import pytest
 
 from otel_rollout.instrumentation import version_tuple
 from otel_rollout.sglang import SGLangInstrumentor
+from otel_rollout.sglang.adapter import FIRST_TOKEN_SOURCES, SCHEDULED_SOURCES
 
 REPO = Path(__file__).resolve().parents[2]
 ADAPTER = REPO / "otel_rollout" / "sglang" / "adapter.py"
@@ -43,16 +47,15 @@ VERSIONS = ("0.4.9.post6", "0.4.10.post2", "0.5.5", "0.5.6.post2", "0.5.8", TEST
 # Known gaps, read off the wheels (file:line in the report of issue #14). Each one is an xfail
 # that must keep failing; when the adapter stops depending on the missing piece it flips.
 _NO_TTFT = (
-    "first_token_latency is not in meta_info before 0.5.23: no engine TTFT (0.5.5 has "
-    "prefill_finished_ts, 0.5.6-0.5.8 decode_throughput, from which it can be derived)"
+    "0.4.x write neither first_token_latency, prefill_finished_ts nor decode_throughput: "
+    "no engine TTFT"
 )
 _NO_RECEIVED = (
     "request_received_ts is not in meta_info before 0.5.5: with enable_metrics the "
     "span cannot be placed on the engine's arrival, only e2e_latency is exact"
 )
 _NO_FORWARD = (
-    "forward_entry_time is not in meta_info before 0.5.23: no queue time (0.5.5 has "
-    "forward_time, 0.5.6-0.5.8 inference_time, from which it can be derived)"
+    "0.4.x write neither forward_entry_time, forward_time nor inference_time: no queue time"
 )
 _NO_SENT = (
     "response_sent_to_client_ts is not in meta_info before 0.5.6: a stats-off span is "
@@ -67,15 +70,9 @@ _GATE = (
     "exists with the same shape"
 )
 KNOWN_GAPS: dict[tuple[str, str], str] = {
-    **{
-        (v, "meta:first_token_latency"): _NO_TTFT
-        for v in ("0.4.9.post6", "0.4.10.post2", "0.5.5", "0.5.6.post2", "0.5.8")
-    },
+    **{(v, "figure:first_token"): _NO_TTFT for v in ("0.4.9.post6", "0.4.10.post2")},
     **{(v, "meta:request_received_ts"): _NO_RECEIVED for v in ("0.4.9.post6", "0.4.10.post2")},
-    **{
-        (v, "meta:forward_entry_time"): _NO_FORWARD
-        for v in ("0.4.9.post6", "0.4.10.post2", "0.5.5", "0.5.6.post2", "0.5.8")
-    },
+    **{(v, "figure:scheduled"): _NO_FORWARD for v in ("0.4.9.post6", "0.4.10.post2")},
     **{
         (v, "meta:response_sent_to_client_ts"): _NO_SENT
         for v in ("0.4.9.post6", "0.4.10.post2", "0.5.5")
@@ -354,8 +351,13 @@ def produced_meta_keys(rel: Release) -> dict[str, str]:
 # --- the contract ---------------------------------------------------------------------------
 
 
+FIGURES = {"first_token": FIRST_TOKEN_SOURCES, "scheduled": SCHEDULED_SOURCES}
+"""Figures the adapter reads in one of several ways: each holds when one way's keys all do."""
+
+
 def _items() -> list[object]:
-    meta = sorted(adapter_meta_keys())
+    alternative = {key for sources in FIGURES.values() for keys in sources for key in keys}
+    meta = sorted(adapter_meta_keys() - alternative)
     out: list[object] = []
     for version in VERSIONS:
         items = [
@@ -363,6 +365,7 @@ def _items() -> list[object]:
             *(f"field:{f}" for f in REQ_FIELDS),
             "model_attr",
             *(f"meta:{k}" for k in meta),
+            *(f"figure:{name}" for name in FIGURES),
             "version_gate",
         ]
         for item in items:
@@ -430,6 +433,12 @@ def test_sglang_release_contract(version: str, item: str) -> None:
     elif item.startswith("meta:"):
         key = item.removeprefix("meta:")
         assert key in produced_meta_keys(rel), f"{version} never writes meta_info[{key!r}]"
+    elif item.startswith("figure:"):
+        produced = produced_meta_keys(rel)
+        sources = FIGURES[item.removeprefix("figure:")]
+        assert any(all(k in produced for k in keys) for keys in sources), (
+            f"{version} writes no complete set of {sources}"
+        )
     elif item == "version_gate":
         assert (version_tuple(version) or ()) >= SGLangInstrumentor.min_version
     else:  # pragma: no cover - _items() makes only the cases above

@@ -285,3 +285,47 @@ def test_a_stream_that_failed_mid_request_ends_when_it_failed(
     # the engine's last token was stamped in 2023 (WALL0): the end is when the failure was seen
     assert record.finish_ns >= before - 5_000_000
     assert record.output_tokens == 2
+
+
+def test_sglang_0_5_5_first_token_and_forward_entry_from_its_own_names() -> None:
+    """0.5.5 (enable_metrics): ``prefill_finished_ts`` is the first token's wall stamp, the
+    forward entry is ``decode_finished_ts − forward_time`` (docs/ENGINE_NOTES.md)."""
+    meta = {
+        "request_received_ts": 50.0,
+        "e2e_latency": 2.5,
+        "prefill_finished_ts": 50.5,
+        "decode_finished_ts": 52.5,
+        "forward_time": 2.25,
+    }
+    assert timeline(meta, False, CALL, SEEN, None, NOW, None) == (
+        50 * NS,
+        52_500_000_000,
+        50_500_000_000,
+        50_250_000_000,
+        "engine",
+    )
+
+
+def test_sglang_0_5_6_to_0_5_8_first_token_from_decode_throughput() -> None:
+    """0.5.6-0.5.8: ``decode_throughput`` = completion tokens / (finish − first token), and
+    ``inference_time`` = finish − forward entry."""
+    meta = {
+        "request_received_ts": 50.0,
+        "e2e_latency": 2.5,
+        "completion_tokens": 40,
+        "decode_throughput": 20.0,  # 40 tokens in the 2 s after the first token
+        "decode_finished_ts": 52.5,
+        "inference_time": 2.25,
+    }
+    assert timeline(meta, False, CALL, SEEN, None, NOW, None) == (
+        50 * NS,
+        52_500_000_000,
+        50_500_000_000,
+        50_250_000_000,
+        "engine",
+    )
+
+
+def test_sglang_without_any_first_token_source_leaves_it_unset() -> None:
+    meta = {"request_received_ts": 50.0, "e2e_latency": 2.5, "decode_throughput": 0.0}
+    assert timeline(meta, False, CALL, SEEN, None, NOW, None)[2:4] == (None, None)
