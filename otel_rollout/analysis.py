@@ -171,12 +171,19 @@ class StepStats:
     stragglers: tuple[Straggler, ...] = field(default=())
     trajectories: TrajectoryStats | None = None
     """The step's agentic trajectories, when it had any (:func:`analyze_trajectories`)."""
+    preemptions: int | None = None
+    """Σ of the requests' preemptions, over those whose engine reports them (``None``: none did)."""
     staleness: StalenessStats | None = None
     """Weight-version staleness, when the step's requests carry versions (:func:`analyze_staleness`)."""
 
     @property
     def tail_fraction(self) -> float:
         return self.tail_duration_s / self.duration_s if self.duration_s > 0 else 0.0
+
+
+def _preemptions(records: Sequence[RequestRecord]) -> int | None:
+    counted = [r.preemptions for r in records if r.preemptions is not None]
+    return sum(counted) if counted else None
 
 
 def analyze(
@@ -251,5 +258,6 @@ def analyze(
             for r in slowest
         ),
         trajectories=analyze_trajectories(trajectories, stragglers),
+        preemptions=_preemptions(records),
         staleness=analyze_staleness(records, weight_version, newest_versions),
     )

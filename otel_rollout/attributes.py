@@ -18,6 +18,7 @@ from otel_rollout.figures import STEP_FIGURES
 from otel_rollout.semconv import (
     ROLLOUT_CACHED_TOKENS,
     ROLLOUT_FINISH_REASON,
+    ROLLOUT_PREEMPTIONS,
     ROLLOUT_QUEUE_TIME,
     ROLLOUT_STEP,
     ROLLOUT_TIMING_SOURCE,
@@ -106,6 +107,7 @@ def request_span_attributes(
         (GenAI.GEN_AI_USAGE_INPUT_TOKENS, record.prompt_tokens),
         (GenAI.GEN_AI_USAGE_OUTPUT_TOKENS, record.output_tokens),
         (ROLLOUT_CACHED_TOKENS, record.cached_tokens),
+        (ROLLOUT_PREEMPTIONS, record.preemptions),
         (ROLLOUT_QUEUE_TIME, record.queue_time_s),
         (ROLLOUT_TTFT, record.ttft_s),
         (ROLLOUT_STEP, step),

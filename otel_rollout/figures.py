@@ -25,6 +25,7 @@ from otel_rollout.semconv import (
     STEP_ATTR_OUTPUT_TOKENS_P50,
     STEP_ATTR_OUTPUT_TOKENS_P90,
     STEP_ATTR_PEAK_ACTIVE,
+    STEP_ATTR_PREEMPTIONS,
     STEP_ATTR_STALE_REQUESTS,
     STEP_ATTR_STALENESS_MAX,
     STEP_ATTR_STALENESS_MEAN,
@@ -190,6 +191,7 @@ STEP_FIGURES: tuple[StepFigure, ...] = (
         FRACTION_BUCKETS,
     ),
     StepFigure("peak_active", STEP_ATTR_PEAK_ACTIVE),
+    StepFigure("preemptions", STEP_ATTR_PREEMPTIONS),
     # a step's agentic trajectories (absent from a step without them)
     StepFigure("trajectories.count", STEP_ATTR_TRAJECTORIES),
     StepFigure("trajectories.turns_p50", STEP_ATTR_TRAJECTORY_TURNS_P50),

@@ -152,6 +152,8 @@ class RequestRecord:
     trace_id: int = 0
     """The request span's ids, set by the emitter; 0 until the span exists (W3C: invalid)."""
     span_id: int = 0
+    preemptions: int | None = None
+    """Times the engine preempted the request (its own count); ``None`` where not reported."""
     weight_version: int | str | None = None
     """The engine's weight version when the request arrived (:mod:`otel_rollout.versions`);
     ``None`` where no version was ever seen."""

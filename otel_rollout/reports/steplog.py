@@ -55,6 +55,7 @@ def step_entry(
             "model": record.model,
             "timing_source": record.timing_source,
             "weight_version": record.weight_version,
+            "preemptions": record.preemptions,
             "trace_id": record.trace_hex,
             "span_id": record.span_hex,
         }

@@ -45,6 +45,10 @@ def format_summary(
                 f"tools {slow.tool_s:.3f} s {slow.status:<9} trace_id={slow.trace_id} "
                 f"span_id={slow.span_id}"
             )
+    if stats.preemptions:
+        lines.append(
+            f"  preemptions: {stats.preemptions} (KV cache full: requests evicted and recomputed)"
+        )
     if phases:
         totals: dict[str, float] = {}
         for name, start_ns, end_ns in phases:

@@ -148,6 +148,7 @@ def record_from_output(
     rid = output.request_id
     arrival, finish = fallback_arrival_ns, fallback_finish_ns
     first = scheduled = None
+    preemptions: int | None = None
     source = "observed"
     if stats is not None and getattr(stats, "arrival_time", None):
         arrival = Clock.from_wall(stats.arrival_time) or arrival
@@ -155,6 +156,7 @@ def record_from_output(
         scheduled = clock.from_monotonic(stats.scheduled_ts or None)
         finish = clock.from_monotonic(stats.last_token_ts or None) or finish
         source = "engine"
+        preemptions = getattr(stats, "num_preemptions", None)
         if output_tokens is None and len(output.outputs or ()) <= 1:
             # With n > 1 the stats are the last-finishing sample's: count every sample instead.
             output_tokens = stats.num_generation_tokens
@@ -180,6 +182,7 @@ def record_from_output(
         cached_tokens=getattr(output, "num_cached_tokens", None),
         finish_reasons=tuple(r for c in choices if (r := normalize_finish_reason(c.finish_reason))),
         timing_source=source,
+        preemptions=preemptions,
     )
     if capture:
         record.prompt_text = output.prompt

@@ -56,6 +56,7 @@ def engine_stats(generated: int = 8) -> Any:
         first_token_ts=MONO0 + 0.75,
         last_token_ts=MONO0 + 2.75,
         num_generation_tokens=generated,
+        num_preemptions=2,
     )
 
 
@@ -76,6 +77,7 @@ def translate(out: Any, times: StepTimes | None = None, **kw: Any) -> Any:
 def test_engine_stats_give_the_engines_own_timeline() -> None:
     rec = translate(output(stats=engine_stats()))
     assert rec.timing_source == "engine"
+    assert rec.preemptions == 2  # vLLM's own count, as it reported it
     assert rec.arrival_ns == int(WALL0 * 1e9)
     assert rec.queue_time_s == pytest.approx(0.25, abs=1e-6)
     assert rec.ttft_s == pytest.approx(0.75, abs=1e-6)
@@ -329,3 +331,7 @@ def test_sglang_0_5_6_to_0_5_8_first_token_from_decode_throughput() -> None:
 def test_sglang_without_any_first_token_source_leaves_it_unset() -> None:
     meta = {"request_received_ts": 50.0, "e2e_latency": 2.5, "decode_throughput": 0.0}
     assert timeline(meta, False, CALL, SEEN, None, NOW, None)[2:4] == (None, None)
+
+
+def test_without_engine_stats_preemptions_are_not_reported() -> None:
+    assert translate(output(stats=None)).preemptions is None
