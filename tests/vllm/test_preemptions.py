@@ -19,7 +19,7 @@ from tests.conftest import OTelHarness
 pytestmark = pytest.mark.vllm
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def small_kv(vllm_module: Any, tiny_model: str, instrumented: Any, llm: Any) -> Iterator[Any]:
     """Stats on, 4 KV-cache blocks (CPU blocks hold 128 tokens: 512 in all) for a batch that needs
     over 1,600 tokens at once."""
@@ -29,8 +29,9 @@ def small_kv(vllm_module: Any, tiny_model: str, instrumented: Any, llm: Any) -> 
         num_gpu_blocks_override=4,
         **{**VLLM_KWARGS, "max_model_len": 256},
     )
+    # Kept for the session, like the other in-process engines: an LLM collected mid-session
+    # tears down vLLM's process-wide parallel state under the engines still in use.
     yield engine
-    del engine
 
 
 def test_each_request_carries_the_engines_own_preemption_count(
