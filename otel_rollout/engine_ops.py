@@ -90,7 +90,7 @@ def weight_rpc(owner: str) -> Classifier:
     """vLLM's ``collective_rpc(method, …)``: a weight sync when the method's name says weights.
 
     RL frameworks reload or receive weights through worker RPCs of their own naming
-    (``reload_weights``, verl's ``update_weights_from_ipc``, ``update_weights``); every other RPC
+    (``reload_weights``, prime-rl's and NeMo-RL's ``update_weights*``); every other RPC
     (``get_model``, metrics, …) is none of our business and runs unobserved.
     """
 
