@@ -3,9 +3,10 @@
 Fully-async rollouts have no step boundaries, so an engine's idleness is exposed as monotonic
 counters beside the in-flight count. Time the engine spends in a weight sync, asleep, waking or
 with generation paused (:mod:`otel_rollout.engine_ops`) is *held*: neither busy nor idle, so an
-idle ratio does not count a weight update as capacity wasted on stragglers. :class:`EngineActivity` is the per-engine state the
-wrappers update (a lock and a clock read per change); :class:`MeterObservers` are the observable
-instruments that report it, registered once per meter for every engine telemetry on that meter.
+idle ratio does not count a weight update as capacity wasted on stragglers.
+:class:`EngineActivity` is the per-engine state the wrappers update (a lock and a clock read per
+change); :class:`MeterObservers` are the observable instruments that report it, registered once
+per meter for every engine telemetry on that meter.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the update. Those calls are the engines' own API (vLLM's ``LLM``/``AsyncLLM``, S
 ``TokenizerManager``), so they are wrapped here, zero-code, from each engine's ``targets()``:
 
 * each call is a **phase** of the current step (:class:`~otel_rollout.phases.PhaseScope`) named by
-  its kind (:data:`KINDS`, the vocabulary verl's ``update_weights`` timer also maps to), on the
+  its kind (:class:`EngineOp`, the vocabulary verl's ``update_weights`` timer also maps to), on the
   engine's own tracer (its scope names the engine instrumentation), with the engine's method as
   ``rollout.phase.framework_name``; its seconds are a point of ``rollout.step.phase.duration``
   labelled with the kind, and a call directly under a step adds to the step's phase totals;
@@ -38,7 +38,6 @@ __all__ = [
     "ENGINE_WAKE",
     "GENERATION_PAUSE",
     "GENERATION_RESUME",
-    "KINDS",
     "WEIGHT_SYNC",
     "Classifier",
     "EngineOp",
@@ -64,7 +63,7 @@ class EngineOp(NamedTuple):
 
     @property
     def updates_weights(self) -> bool:
-        return self.kind == "weight_sync"
+        return self.kind == WEIGHT_SYNC.kind
 
     def named(self, version_of: Callable[[tuple[Any, ...], dict[str, Any]], Any]) -> EngineOp:
         """This kind, reading the version the call names with ``version_of(args, kwargs)``."""
@@ -76,10 +75,8 @@ ENGINE_SLEEP = EngineOp("engine_sleep", enters="asleep")
 ENGINE_WAKE = EngineOp("engine_wake", leaves="asleep")
 GENERATION_PAUSE = EngineOp("generation_pause", enters="paused")
 GENERATION_RESUME = EngineOp("generation_resume", leaves="paused")
-KINDS = tuple(
-    op.kind for op in (WEIGHT_SYNC, ENGINE_SLEEP, ENGINE_WAKE, GENERATION_PAUSE, GENERATION_RESUME)
-)
-"""The phase names engine operations use: a bounded label set, shared by both engines."""
+"""The five kinds: the phase names engine operations use, a bounded label set shared by both
+engines."""
 
 Classifier = Callable[[tuple[Any, ...], dict[str, Any]], "tuple[EngineOp, str] | None"]
 """For a generic entry point (``collective_rpc``): the call's kind and name, or ``None`` when

@@ -164,9 +164,6 @@ class Telemetry:
 
     def engine_activity(self, model: str) -> EngineActivity:
         """The in-flight and held state of the engine serving ``model``."""
-        return self._engine(model)
-
-    def _engine(self, model: str) -> EngineActivity:
         activity = self._engines.get(model)
         if activity is None:
             with self._engines_lock:
@@ -175,11 +172,11 @@ class Telemetry:
 
     def requests_started(self, model: str, operation: str, count: int = 1) -> None:
         with self.log.guard("in-flight accounting"):
-            self._engine(model).change(count, operation)
+            self.engine_activity(model).change(count, operation)
 
     def requests_ended(self, model: str, operation: str, count: int = 1) -> None:
         with self.log.guard("in-flight accounting"):
-            self._engine(model).change(-count, operation)
+            self.engine_activity(model).change(-count, operation)
 
     def activities(self) -> list[tuple[str, EngineActivity]]:
         """Each engine (model) this telemetry has seen, with its in-flight state."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,33 +10,9 @@ from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 from otel_rollout import rollout_step
-from testkit.engines import VLLM_KWARGS, shutdown_async_llm
 from tests.conftest import OTelHarness
 
 pytestmark = pytest.mark.vllm
-
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
-def engine(
-    vllm_module: Any, tiny_model: str, instrumented: Any, llm: Any, loop: asyncio.AbstractEventLoop
-) -> Iterator[Any]:
-    """Depends on ``llm`` only so that it is torn down first (see shutdown_async_llm)."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    async def start() -> Any:
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model, **VLLM_KWARGS))
-
-    engine = loop.run_until_complete(start())
-    yield engine
-    shutdown_async_llm(engine)
 
 
 def _spans(otel: OTelHarness) -> list[Any]:

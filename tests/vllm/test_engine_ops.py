@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,7 +19,7 @@ from opentelemetry.trace import StatusCode
 
 from otel_rollout import rollout_phase, rollout_step
 from otel_rollout.vllm.adapter import model_name
-from testkit.engines import VLLM_KWARGS, shutdown_async_llm, vllm_telemetry
+from testkit.engines import vllm_telemetry
 from tests.conftest import OTelHarness
 
 pytestmark = pytest.mark.vllm
@@ -131,29 +130,6 @@ def test_engine_error_passes_through_and_marks_the_phase(otel: OTelHarness, llm:
     assert span.status.status_code == StatusCode.ERROR
     assert type(caught.value).__name__ in span.status.description
     assert activity.operations_running == 0 and not activity.states
-
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
-def engine(
-    vllm_module: Any, tiny_model: str, instrumented: Any, llm: Any, loop: asyncio.AbstractEventLoop
-) -> Iterator[Any]:
-    """Depends on ``llm`` only so that it is torn down first (see shutdown_async_llm)."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    async def start() -> Any:
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model, **VLLM_KWARGS))
-
-    engine = loop.run_until_complete(start())
-    yield engine
-    shutdown_async_llm(engine)
 
 
 def test_async_pause_update_resume(
