@@ -56,6 +56,10 @@ class Job:
         return self.ended - float(last.split()[1])
 
 
+EXPORTER_TIMEOUT_S = 10
+"""The OTLP exporter's own per-export timeout in the jobs (the SDK's default)."""
+
+
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update(VLLM_ENV)
@@ -67,6 +71,8 @@ def _env(**extra: str) -> dict[str, str]:
         OTEL_METRIC_EXPORT_INTERVAL="500",
         OTEL_BSP_SCHEDULE_DELAY="200",
         OTEL_EXPORTER_OTLP_HEADERS=f"authorization=Bearer {SECRET}",
+        # the SDK's default, set so the exit test's bound is stated against it
+        OTEL_EXPORTER_OTLP_TIMEOUT=str(EXPORTER_TIMEOUT_S),
         VLLM_LOGGING_LEVEL="INFO",
         JOB_ROUNDS="5",
         JOB_PER_ROUND="1000",

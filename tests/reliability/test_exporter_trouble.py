@@ -22,11 +22,19 @@ import pytest
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from tests.reliability.faults import FaultyCollector
-from tests.reliability.jobs import PROTOCOLS, Job
+from tests.reliability.jobs import EXPORTER_TIMEOUT_S, PROTOCOLS, Job
 
 pytestmark = pytest.mark.vllm
 
-EXIT_SLACK_S = 3.0  # beyond the bare job: the package's 1.5 s exit bound + interpreter teardown on a loaded 2-core box
+EXIT_SLACK_S = 6.0
+"""Exit time allowed beyond the bare job's.
+
+The failure guarded against is a wait on the broken exporter: one export timeout
+(``EXPORTER_TIMEOUT_S``, 10 s) or the SDK's retries (+28-40 s, measured 2026-12-02). What a bounded
+exit adds is the package's 1.5 s bound plus the CPU of encoding the 5,000 queued spans, with eight
+jobs sharing two cores: +2.4-2.9 s here, +3.2-3.4 s on CI's machine (2026-12-05), so a 3 s slack
+failed on load alone. 6 s stays well under one exporter timeout."""
+assert EXIT_SLACK_S < EXPORTER_TIMEOUT_S
 
 
 def _report(jobs: dict[str, Job]) -> str:

@@ -42,8 +42,9 @@ class _FaultyInstrument:
 
 
 # The in-flight count is an observable fed from Telemetry's per-engine activity: its fault is
-# in the accounting every request goes through (``Telemetry._engine``), not in an instrument.
-_TARGET = {"active": "_engine"}
+# in the accounting every request goes through (``Telemetry.engine_activity``), not in an
+# instrument.
+_TARGET = {"active": "engine_activity"}
 
 
 class _FaultySpanProcessor(SpanProcessor):
