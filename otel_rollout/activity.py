@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -25,6 +25,9 @@ from otel_rollout.semconv import (
     METRIC_ENGINE_BUSY_TIME,
     METRIC_ENGINE_HELD_TIME,
     METRIC_ENGINE_IDLE_TIME,
+    METRIC_ENGINE_SILENCE,
+    METRIC_ENGINE_STALLED,
+    METRIC_OLDEST_AGE,
 )
 from otel_rollout.versions import WeightVersions
 
@@ -58,6 +61,10 @@ class EngineActivity:
         "operations_running",
         "states",
         "weights",
+        "progress_ns",
+        "probe",
+        "stalled",
+        "_starts",
         "_since",
         "_lock",
     )
@@ -75,31 +82,115 @@ class EngineActivity:
         self.weights = WeightVersions()
         """The engine's weight versions over time (:mod:`otel_rollout.versions`)."""
         self._since = time.monotonic_ns()
+        self.progress_ns = self._since
+        """Monotonic time of the engine's last sign of generating: an engine step that produced
+        output (:meth:`progressed`), a request finished, work arrived at an idle engine, or a
+        hold ended. Silence (:meth:`silence_s`) counts from here."""
+        self.probe: Callable[[], float | None] | None = None
+        """The engine's own wall-clock stamp of its last output, where it keeps one (SGLang's
+        ``TokenizerManager.last_receive_tstamp``): read only when silence is asked for."""
+        self.stalled = False
+        """Set by the stall watch (:mod:`otel_rollout.stalls`) while it reports this engine
+        stalled: the gauge and the log line are one decision."""
+        self._starts: dict[int, int] = {}
+        """Monotonic start time → requests started then and still in flight (oldest age)."""
         self._lock = threading.Lock()
 
     def hold(self, delta: int) -> None:
         """An engine operation started (``+1``) or ended (``-1``)."""
         with self._lock:
-            self._accrue(time.monotonic_ns())
+            now = time.monotonic_ns()
+            self._accrue(now)
             self.operations_running = max(0, self.operations_running + delta)
+            self._unheld(now)
 
     def set_state(self, state: str, on: bool) -> None:
         """Enter or leave a lasting held state (``asleep`` after sleep, until wake-up)."""
         with self._lock:
-            self._accrue(time.monotonic_ns())
+            now = time.monotonic_ns()
+            self._accrue(now)
             if on:
                 self.states.add(state)
             else:
                 self.states.discard(state)
+            self._unheld(now)
 
-    def change(self, delta: int, operation: str = "") -> None:
+    def change(self, delta: int, operation: str = "", started_ns: int | None = None) -> int:
+        """``delta`` requests started (> 0) or ended (< 0); returns the monotonic time taken.
+
+        A start's time is handed back at its end as ``started_ns``, so the oldest request still
+        in flight is known (:meth:`oldest_age_s`): stragglers are the oldest, so an end without
+        it releases the oldest start, an approximation only callers that cannot tell use.
+        """
         if delta > 0:
             self.weights.generation_started()
         with self._lock:
-            self._accrue(time.monotonic_ns())
+            now = time.monotonic_ns()
+            self._accrue(now)
+            was = self.active
             self.active = max(0, self.active + delta)
             ops = self.by_operation
             ops[operation] = max(0, ops.get(operation, 0) + delta)
+            if delta > 0:
+                self._starts[now] = self._starts.get(now, 0) + delta
+                if was == 0:
+                    self.progress_ns = now  # silence counts from when work arrived
+            elif delta < 0:
+                self.progress_ns = now  # a request finished: the engine is generating
+                self._release(-delta, started_ns)
+        return now
+
+    def progressed(self) -> None:
+        """An engine step produced output: one clock read and a store, no lock (the hot path)."""
+        self.progress_ns = time.monotonic_ns()
+
+    def held(self) -> bool:
+        return self.operations_running > 0 or bool(self.states)
+
+    def silence_s(self, now_ns: int | None = None) -> float:
+        """Seconds without a sign of generating while requests are in flight; 0 when none are,
+        or while the engine is held (a weight sync or a pause stops output by design)."""
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        if self.active <= 0 or self.held():
+            return 0.0
+        last = self.progress_ns
+        probe = self.probe
+        if probe is not None:
+            stamp = probe()
+            if stamp:
+                last = max(last, now - int((time.time() - stamp) * 1e9))
+        return max(0.0, (now - last) / 1e9)
+
+    def oldest_age_s(self, now_ns: int | None = None) -> float:
+        """Age of the oldest request in flight (0 when none is)."""
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        with self._lock:
+            oldest = min(self._starts) if self._starts else None
+        return 0.0 if oldest is None else max(0.0, (now - oldest) / 1e9)
+
+    def _release(self, count: int, started_ns: int | None) -> None:
+        starts = self._starts
+        if started_ns is not None and started_ns in starts:
+            take = min(count, starts[started_ns])
+            count -= take
+            if starts[started_ns] == take:
+                del starts[started_ns]
+            else:
+                starts[started_ns] -= take
+        while count > 0 and starts:
+            oldest = min(starts)
+            take = min(count, starts[oldest])
+            count -= take
+            if starts[oldest] == take:
+                del starts[oldest]
+            else:
+                starts[oldest] -= take
+        if self.active == 0:
+            starts.clear()
+
+    def _unheld(self, now: int) -> None:
+        if not self.held():
+            self.progress_ns = max(self.progress_ns, now)  # silence restarts after a hold
 
     def totals(self) -> tuple[float, float, float]:
         """Seconds busy, idle and held so far."""
@@ -160,6 +251,27 @@ class MeterObservers:
             ),
         )
 
+        meter.create_observable_gauge(
+            METRIC_OLDEST_AGE,
+            callbacks=[self._oldest],
+            unit="s",
+            description="Age of the engine's oldest request in flight (0 when none is).",
+        )
+        meter.create_observable_gauge(
+            METRIC_ENGINE_SILENCE,
+            callbacks=[self._silence],
+            unit="s",
+            description=(
+                "Time the engine produced no output while requests were in flight "
+                "(0 when none are, or while it is held by a weight sync, sleep or pause)."
+            ),
+        )
+        meter.create_observable_gauge(
+            METRIC_ENGINE_STALLED,
+            callbacks=[self._stalled],
+            description="1 while the engine's silence exceeds OTEL_ROLLOUT_STALL_TIMEOUT, else 0.",
+        )
+
     def _sum(self, values: Iterator[tuple[dict[str, str], float]]) -> Iterator[Observation]:
         totals: dict[frozenset[tuple[str, str]], tuple[dict[str, str], float]] = {}
         for attrs, value in values:
@@ -197,6 +309,39 @@ class MeterObservers:
             for t in list(self.members)
             for model, activity in t.activities()
         )
+
+    def _oldest(self, options: CallbackOptions) -> Iterator[Observation]:
+        return self._max(
+            (engine_attributes(t.provider, model), activity.oldest_age_s())
+            for t in list(self.members)
+            for model, activity in t.activities()
+        )
+
+    def _silence(self, options: CallbackOptions) -> Iterator[Observation]:
+        return self._max(
+            (engine_attributes(t.provider, model), activity.silence_s())
+            for t in list(self.members)
+            for model, activity in t.activities()
+        )
+
+    def _stalled(self, options: CallbackOptions) -> Iterator[Observation]:
+        return self._max(
+            (engine_attributes(t.provider, model), float(activity.stalled))
+            for t in list(self.members)
+            for model, activity in t.activities()
+        )
+
+    @staticmethod
+    def _max(values: Iterator[tuple[dict[str, str], float]]) -> Iterator[Observation]:
+        """Gauges of two members with the same attributes: the larger (the older, the stiller)."""
+        best: dict[frozenset[tuple[str, str]], tuple[dict[str, str], float]] = {}
+        for attrs, value in values:
+            key = frozenset(attrs.items())
+            seen = best.get(key)
+            if seen is None or value > seen[1]:
+                best[key] = (attrs, value)
+        for attrs, value in best.values():
+            yield Observation(value, attrs)
 
 
 _OBSERVERS: dict[int, tuple[Meter, MeterObservers]] = {}

@@ -167,6 +167,7 @@ class RolloutConfig:
     summary_stragglers: int = 5
     batch_as_step: bool = False
     exit_timeout: float = 1.5
+    stall_timeout: float = 120.0
     step_wait: float = 5.0
     emit_queue: int = 262_144
     report_dir: str | None = None
@@ -372,6 +373,15 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "exit_timeout",
         _seconds_range(0, 600),
         "At exit, wait at most this many seconds for telemetry to be exported.",
+    ),
+    Setting(
+        "OTEL_ROLLOUT_STALL_TIMEOUT",
+        "stall_timeout",
+        _seconds_range(0, 86_400),
+        "An engine with requests in flight that produces no output for this many seconds is "
+        "stalled: one warning line (with its step's progress), `rollout.engine.stalled` = 1, "
+        "and a line when it resumes. Time held by a weight sync, sleep or pause does not count. "
+        "0 turns the watch off.",
     ),
     Setting(
         "OTEL_ROLLOUT_STEP_WAIT",

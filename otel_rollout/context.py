@@ -38,6 +38,10 @@ class StepCollector(RecordCollector, Protocol):
 
     def observe_trajectory(self, trajectory: TrajectoryRecord) -> None: ...
 
+    def requests_started(self, count: int) -> None:
+        """``count`` requests of this step entered an engine of this process (live progress)."""
+        ...
+
 
 def current_step(ctx: Context | None = None) -> StepCollector | None:
     """The step collecting this context's requests, if one is open in this process."""

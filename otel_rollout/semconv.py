@@ -42,6 +42,13 @@ METRIC_ENGINE_IDLE_TIME = "rollout.engine.idle_time"
 METRIC_ENGINE_HELD_TIME = "rollout.engine.held_time"
 """Time an engine was held by an engine operation (weight sync, sleep, wake, pause), asleep or
 paused: neither busy nor idle (:mod:`otel_rollout.engine_ops`)."""
+METRIC_OLDEST_AGE = "rollout.requests.oldest_age"
+"""Age of the engine's oldest request in flight: a straggler's age while it runs."""
+METRIC_ENGINE_SILENCE = "rollout.engine.silence"
+"""Seconds the engine produced no output while requests were in flight (0 when none are, or
+while it is held): how a stalled rollout differs from a slow one (:mod:`otel_rollout.stalls`)."""
+METRIC_ENGINE_STALLED = "rollout.engine.stalled"
+"""1 while the engine's silence exceeds ``OTEL_ROLLOUT_STALL_TIMEOUT``, else 0."""
 METRIC_TELEMETRY_DROPPED = "rollout.telemetry.dropped"
 """Request records whose spans and metric points were never made (the emitter's queue was full)."""
 ROLLOUT_DROP_REASON = "rollout.drop.reason"

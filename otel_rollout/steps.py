@@ -22,6 +22,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -138,12 +139,23 @@ class StepScope:
         self.phase_intervals: list[tuple[str, int, int]] = []
         """Each top-level phase as ``(name, start_ns, end_ns)``: the step timeline of the
         reports (summary, step log, PNG lane)."""
+        self.started = 0
+        """Requests of this step that entered an engine of this process so far."""
 
     # --- collection -------------------------------------------------------------------------
 
     def observe(self, record: RequestRecord) -> None:
         with self._lock:
             self._records.append(record)
+
+    def requests_started(self, count: int) -> None:
+        with self._lock:
+            self.started += count
+
+    def progress(self) -> tuple[int, int]:
+        """Requests of this step done and started so far in this process (live progress)."""
+        with self._lock:
+            return len(self._records), max(self.started, len(self._records))
 
     def observe_trajectory(self, trajectory: TrajectoryRecord) -> None:
         """An agentic trajectory opened inside this step ended (:mod:`otel_rollout.trajectories`)."""
@@ -179,6 +191,7 @@ class StepScope:
             self._span = telemetry.start_step(self.step, self.attributes, start_ns)
             ctx = trace.set_span_in_context(self._span, ctx)
         self._token = otel_context.attach(ctx)
+        _OPEN.add(self)
         return self
 
     def __exit__(
@@ -186,6 +199,7 @@ class StepScope:
     ) -> None:
         # the span ends here, not after the remote reports came in
         duration, ended_ns = time.monotonic() - self._started, time.time_ns()
+        _OPEN.discard(self)
         if self._token is not None:
             otel_context.detach(self._token)  # type: ignore[arg-type]
             self._token = None
@@ -276,6 +290,14 @@ def _versions_at_last_finish(records: list[RequestRecord]) -> list[object]:
         return []
     last = max(r.finish_ns for r in records)
     return [a.weights.at(last) for _, _, a in engine_activities() if a.weights.seen]
+
+
+_OPEN: weakref.WeakSet[StepScope] = weakref.WeakSet()
+
+
+def open_steps() -> list[StepScope]:
+    """The steps open in this process now, oldest first (the stall watch reports their progress)."""
+    return sorted(list(_OPEN), key=lambda s: s._started)
 
 
 def rollout_step(step: int | None = None, **attributes: Any) -> StepScope:

@@ -41,7 +41,7 @@ from otel_rollout.attributes import (
     step_span_attributes,
 )
 from otel_rollout.config import RolloutConfig, load_config
-from otel_rollout.context import collectors, step_number
+from otel_rollout.context import collectors, current_step, step_number
 from otel_rollout.emitter import PACE_WAIT_S, Emitter, Pacer
 from otel_rollout.guard import LogOnce
 from otel_rollout.ids import PresetIds
@@ -170,13 +170,31 @@ class Telemetry:
                 activity = self._engines.setdefault(model, EngineActivity())
         return activity
 
-    def requests_started(self, model: str, operation: str, count: int = 1) -> None:
+    def requests_started(
+        self, model: str, operation: str, count: int = 1, ctx: Context | None = None
+    ) -> int | None:
+        """``count`` requests entered the engine; returns their start stamp, for
+        :meth:`requests_ended` (the age of the oldest request in flight). The open step of
+        ``ctx`` (the current context by default) counts them as started (its live progress)."""
         with self.log.guard("in-flight accounting"):
-            self.engine_activity(model).change(count, operation)
+            step = current_step(ctx)
+            if step is not None:
+                step.requests_started(count)
+            return self.engine_activity(model).change(count, operation)
+        return None
 
-    def requests_ended(self, model: str, operation: str, count: int = 1) -> None:
+    def requests_ended(
+        self, model: str, operation: str, count: int = 1, started_ns: int | None = None
+    ) -> None:
         with self.log.guard("in-flight accounting"):
-            self.engine_activity(model).change(-count, operation)
+            self.engine_activity(model).change(-count, operation, started_ns)
+
+    def engine_progressed(self) -> None:
+        """An engine loop of this kind produced output (a vLLM engine step): each engine of this
+        telemetry is generating. The engine loop does not say which model it serves; a process
+        runs one engine in RL rollouts, and with two, output of one counts for both."""
+        for activity in list(self._engines.values()):
+            activity.progressed()
 
     def activities(self) -> list[tuple[str, EngineActivity]]:
         """Each engine (model) this telemetry has seen, with its in-flight state."""

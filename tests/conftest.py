@@ -74,6 +74,18 @@ class OTelHarness:
         flush_emitters()
         return list(self.spans.get_finished_spans())
 
+    def gauge(self, name: str, model: str) -> float | None:
+        """The current value of gauge ``name`` for ``model`` (no baseline: a gauge is a now)."""
+        data = self.reader.get_metrics_data()
+        for rm in data.resource_metrics if data else ():
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name == name:
+                        for point in metric.data.data_points:
+                            if point.attributes.get("gen_ai.request.model") == model:
+                                return float(point.value)
+        return None
+
     def _points(self) -> dict[tuple[str, frozenset[Any]], Any]:
         flush_emitters()
         data = self.reader.get_metrics_data()

@@ -292,6 +292,10 @@ class RemoteStep:
     def observe_trajectory(self, trajectory: TrajectoryRecord) -> None:
         LOCAL.add(self.key, trajectory)
 
+    def requests_started(self, count: int) -> None:
+        """Live progress is the driver's view of its own process; an actor's engines report
+        theirs (silence, oldest age) as metrics of the actor."""
+
 
 def step_key(ctx: Context | None = None) -> str | None:
     value = baggage.get_baggage(BAGGAGE_STEP_KEY, ctx)

@@ -47,6 +47,7 @@ kept apart inside it and tested without an engine (``tests/core/test_extractors.
 from __future__ import annotations
 
 import contextvars
+import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -289,6 +290,7 @@ class RequestGroup:
         self.requests: dict[int, _Request] = {}
         self.finished = 0
         self.settled = False
+        self.started: int | None = None  # the in-flight start stamp (Telemetry.requests_started)
 
     # StreamObserver ---------------------------------------------------------------------------
 
@@ -341,14 +343,14 @@ class RequestGroup:
                 state.done = True
                 self._emit(index, state, error)
         if self.open > 0:
-            self.telemetry.requests_ended(self.model, OPERATION, self.open)
+            self.telemetry.requests_ended(self.model, OPERATION, self.open, self.started)
             self.open = 0
         if self.batch is not None:
             self.batch.end(error)
 
     def _emit(self, index: int, state: _Request, error: BaseException | None) -> None:
         if self.open > 0:
-            self.telemetry.requests_ended(self.model, OPERATION)
+            self.telemetry.requests_ended(self.model, OPERATION, 1, self.started)
             self.open -= 1
         record = self._record(index, state, error)
         self.telemetry.emit(record, self.parent)
@@ -412,6 +414,22 @@ class RequestGroup:
 # --- wrappers -------------------------------------------------------------------------------
 
 
+def output_stamp(manager: Any) -> Callable[[], float | None]:
+    """Reads the tokenizer manager's own stamp of the last output it received from the
+    scheduler (``last_receive_tstamp``, wall seconds; every release from 0.4.9 keeps it). A
+    non-streamed request reaches our wrapper only when it finishes, but the scheduler sends its
+    tokens on every ``SGLANG_FORCE_STREAM_INTERVAL`` (50) steps, so this stamp is the engine's
+    sign of generating between finishes (the stall watch's probe)."""
+    ref = weakref.ref(manager)
+
+    def stamp() -> float | None:
+        live = ref()
+        value = getattr(live, "last_receive_tstamp", None)
+        return float(value) if isinstance(value, (int, float)) else None
+
+    return stamp
+
+
 def generate_request_wrapper(telemetry: Telemetry) -> Wrapper:
     """``TokenizerManager.generate_request``: one span per engine request, in the caller's context.
 
@@ -452,7 +470,11 @@ def generate_request_wrapper(telemetry: Telemetry) -> Wrapper:
                 batch.end(exc)
             raise
         observer = RequestGroup(telemetry, instance, obj, model, parent, batch, expected)
-        telemetry.requests_started(model, OPERATION, expected)
+        observer.started = telemetry.requests_started(model, OPERATION, expected, parent)
+        with telemetry.log.guard("sglang request"):
+            activity = telemetry.engine_activity(model)
+            if activity.probe is None:
+                activity.probe = output_stamp(instance)
         return ObservedAsyncStream(stream, observer)
 
     return wrapper

@@ -214,7 +214,7 @@ def offline_wrapper(telemetry: Telemetry, operation: str) -> Wrapper:
                 if times is None
                 else otel_context.set_value(_STEP_TIMES, times, batch_ctx)
             )
-            telemetry.requests_started(model, operation, size)
+            started = telemetry.requests_started(model, operation, size, batch_ctx)
             token = otel_context.attach(ctx)
             try:
                 with observing():
@@ -235,7 +235,7 @@ def offline_wrapper(telemetry: Telemetry, operation: str) -> Wrapper:
                 raise
             finally:
                 otel_context.detach(token)
-                telemetry.requests_ended(model, operation, size)
+                telemetry.requests_ended(model, operation, size, started)
             end_ns = clock.now_ns()
             with telemetry.log.guard("vllm offline records"):
                 records = []
@@ -318,6 +318,7 @@ def process_outputs_wrapper(telemetry: Telemetry) -> Wrapper:
     def wrapper(
         wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
+        telemetry.engine_progressed()  # an engine step's outputs: the stall watch's sign of life
         times: StepTimes | None = otel_context.get_value(_STEP_TIMES)  # type: ignore[assignment]
         if times is None and ASYNC_TIMES.external:
             times = ASYNC_TIMES  # AsyncLLM's output handler: no request's context here
@@ -360,6 +361,7 @@ class AsyncRequest:
         "tokens",
         "delta",
         "watched",
+        "started",
     )
 
     def __init__(
@@ -384,6 +386,7 @@ class AsyncRequest:
         kind = getattr(params, "output_kind", None)
         self.delta = getattr(kind, "name", "") == "DELTA"
         self.watched = watched  # in ASYNC_TIMES: the engine's step stamps are collected
+        self.started: int | None = None  # the in-flight start stamp (Telemetry.requests_started)
 
     def item(self, output: Any) -> None:
         self.last = output
@@ -400,7 +403,7 @@ class AsyncRequest:
 
     def finish(self, error: BaseException | None) -> None:
         telemetry = self.telemetry
-        telemetry.requests_ended(self.model, "text_completion")
+        telemetry.requests_ended(self.model, "text_completion", 1, self.started)
         try:
             self._emit(error)
         finally:
@@ -470,7 +473,7 @@ def async_generate_wrapper(telemetry: Telemetry) -> Wrapper:
         observer = AsyncRequest(
             telemetry, model, request_id, params, otel_context.get_current(), watched
         )
-        telemetry.requests_started(model, "text_completion")
+        observer.started = telemetry.requests_started(model, "text_completion")
         return ObservedAsyncStream(stream, observer)
 
     return wrapper

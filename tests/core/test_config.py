@@ -44,6 +44,8 @@ MALFORMED = [
     ("OTEL_ROLLOUT_HTTP_PATHS", "/generate,,/v1/completions"),  # empty entry
     ("OTEL_ROLLOUT_EXIT_TIMEOUT", "soon"),
     ("OTEL_ROLLOUT_EXIT_TIMEOUT", "-1"),
+    ("OTEL_ROLLOUT_STALL_TIMEOUT", "forever"),
+    ("OTEL_ROLLOUT_STALL_TIMEOUT", "-5"),
     ("OTEL_ROLLOUT_STEP_WAIT", "a while"),
     ("OTEL_ROLLOUT_STEP_WAIT", "-2"),
     ("OTEL_ROLLOUT_EMIT_QUEUE", "big"),
