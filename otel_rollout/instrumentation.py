@@ -28,7 +28,7 @@ from otel_rollout import stalls
 from otel_rollout.config import load_config
 from otel_rollout.guard import PROCESS, LogOnce
 from otel_rollout.sdk import bound_exit, use_urandom_ids
-from otel_rollout.steps import open_steps
+from otel_rollout.steps import open_step_progress
 from otel_rollout.telemetry import (
     Telemetry,
     create_telemetry,
@@ -316,7 +316,7 @@ class EngineInstrumentor(LibraryInstrumentor):
         bound_exit(telemetry.config.exit_timeout)
         self._telemetry, self._telemetry_key = telemetry, key
         register(telemetry)
-        stalls.watch(telemetry.config.stall_timeout, engine_activities, _open_step_progress)
+        stalls.watch(telemetry.config.stall_timeout, engine_activities, open_step_progress)
         return telemetry.log
 
     def _uninstrument(self, **kwargs: Any) -> None:
@@ -324,8 +324,3 @@ class EngineInstrumentor(LibraryInstrumentor):
         telemetry = getattr(self, "_telemetry", None)
         if telemetry is not None:
             unregister(telemetry)
-
-
-def _open_step_progress() -> list[tuple[int | None, int, int]]:
-    """(step, done, started) of each step open in this process, for the stall watch's line."""
-    return [(scope.step, *scope.progress()) for scope in open_steps()]

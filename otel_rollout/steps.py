@@ -300,6 +300,11 @@ def open_steps() -> list[StepScope]:
     return sorted(list(_OPEN), key=lambda s: s._started)
 
 
+def open_step_progress() -> list[tuple[int | None, int, int]]:
+    """(step, done, started) of each step open in this process: the stall watch's line."""
+    return [(scope.step, *scope.progress()) for scope in open_steps()]
+
+
 def rollout_step(step: int | None = None, **attributes: Any) -> StepScope:
     """Open training step ``step``: a context manager (sync or async) and a decorator."""
     return StepScope(step, **attributes)

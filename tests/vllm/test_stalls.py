@@ -19,8 +19,7 @@ import pytest
 
 from otel_rollout import stalls
 from otel_rollout.config import load_config
-from otel_rollout.instrumentation import _open_step_progress
-from otel_rollout.steps import rollout_step
+from otel_rollout.steps import open_step_progress, rollout_step
 from otel_rollout.telemetry import engine_activities
 from otel_rollout.vllm.adapter import model_name
 from tests.conftest import OTelHarness
@@ -44,7 +43,7 @@ def test_a_stopped_engine_core_is_stalled_while_stopped_and_resumes(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setenv("OTEL_ROLLOUT_STALL_TIMEOUT", str(TIMEOUT_S))
-    watch = stalls.watch(load_config().stall_timeout, engine_activities, _open_step_progress)
+    watch = stalls.watch(load_config().stall_timeout, engine_activities, open_step_progress)
     assert watch is not None and watch.timeout_s == TIMEOUT_S
     (core,) = engine.engine_core.resources.engine_manager.processes
     model = model_name(engine)
@@ -110,7 +109,7 @@ def test_a_slow_step_that_keeps_producing_is_not_stalled(
 ) -> None:
     """Longer than the stall timeout, output all along: the watch stays quiet."""
     monkeypatch.setenv("OTEL_ROLLOUT_STALL_TIMEOUT", "1")
-    stalls.watch(load_config().stall_timeout, engine_activities, _open_step_progress)
+    stalls.watch(load_config().stall_timeout, engine_activities, open_step_progress)
     params = vllm_module.SamplingParams(max_tokens=TOKENS, ignore_eos=True, temperature=0.0)
 
     async def scenario() -> float:
@@ -130,4 +129,4 @@ def test_a_slow_step_that_keeps_producing_is_not_stalled(
 def _default_watch() -> Any:
     """Each test sets the process's watch to its own timeout; the suite's default after."""
     yield
-    stalls.watch(load_config().stall_timeout, engine_activities, _open_step_progress)
+    stalls.watch(load_config().stall_timeout, engine_activities, open_step_progress)
