@@ -549,6 +549,26 @@ def row_engines(d: db.Dashboard) -> db.Dashboard:
     )
     d = d.with_panel(
         ts(
+            "Stalled or slow: silence and oldest request in flight",
+            "s",
+            prom(
+                "A",
+                f"max by ({by}) (rollout_engine_silence_seconds{{{eng}}})",
+                "no output {{instance}}",
+            ),
+            prom(
+                "B",
+                f"max by ({by}) (rollout_requests_oldest_age_seconds{{{eng}}})",
+                "oldest in flight {{instance}}",
+            ),
+            description="A slow step keeps producing (silence near 0 while the oldest request "
+            "ages: a straggler); a stuck one does not (silence grows with it). Past "
+            "OTEL_ROLLOUT_STALL_TIMEOUT the process logs a warning and rollout_engine_stalled "
+            "turns 1 (alert RolloutEngineStalled). Weight syncs and pauses are not silence.",
+        )
+    )
+    d = d.with_panel(
+        ts(
             "Throughput (tokens/s)",
             "short",
             prom(

@@ -124,6 +124,8 @@ def test_long_tail_dashboard_content(dashboards: dict[str, dict]) -> None:
         "rollout_engine_idle_time_seconds_total",
         "rollout_engine_busy_time_seconds_total",
         "rollout_engine_held_time_seconds_total",
+        "rollout_engine_silence_seconds",
+        "rollout_requests_oldest_age_seconds",
         'rollout_phase_name="weight_sync"',
         "rollout_step_staleness",
         "rollout_finish_reason",
