@@ -28,6 +28,10 @@ class Straggler:
     finish_reason: str | None
     trace_id: str
     span_id: str
+    queue_s: float | None = None
+    prefill_s: float | None = None
+    decode_s: float | None = None
+    preemptions: int | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,69 @@ def analyze_staleness(
 
 
 @dataclass(frozen=True)
+class PhaseStats:
+    """Nearest-rank p50 / p90 / max of one request phase over the requests that have it."""
+
+    requests: int
+    p50_s: float
+    p90_s: float
+    max_s: float
+
+
+@dataclass(frozen=True)
+class RequestPhases:
+    """Where the step's requests spent their time: queue (arrival → scheduled), prefill
+    (scheduled → first token), decode (first token → finish). A phase is ``None`` when no request
+    of the step has both its ends stamped by the engine (``rollout.timing.source`` says why)."""
+
+    queue: PhaseStats | None
+    prefill: PhaseStats | None
+    decode: PhaseStats | None
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Prefix-cache hits of the step: prompt tokens the engine found cached, as it counted them
+    per request (vLLM's ``num_cached_tokens``, SGLang's ``cached_tokens``)."""
+
+    requests: int
+    """Requests whose engine reported cached tokens (the others are not in the figures)."""
+    prompt_tokens: int
+    cached_tokens: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def _phase(values: Sequence[float | None]) -> PhaseStats | None:
+    known = sorted(v for v in values if v is not None)
+    if not known:
+        return None
+    return PhaseStats(len(known), nearest_rank(known, 0.5), nearest_rank(known, 0.9), known[-1])
+
+
+def analyze_request_phases(records: Sequence[RequestRecord]) -> RequestPhases | None:
+    phases = RequestPhases(
+        _phase([r.queue_time_s for r in records]),
+        _phase([r.prefill_time_s for r in records]),
+        _phase([r.decode_time_s for r in records]),
+    )
+    return None if phases == RequestPhases(None, None, None) else phases
+
+
+def analyze_cache(records: Sequence[RequestRecord]) -> CacheStats | None:
+    reported = [r for r in records if r.cached_tokens is not None and r.prompt_tokens]
+    if not reported:
+        return None
+    return CacheStats(
+        len(reported),
+        sum(r.prompt_tokens or 0 for r in reported),
+        sum(r.cached_tokens or 0 for r in reported),
+    )
+
+
+@dataclass(frozen=True)
 class StepStats:
     """What a step's requests say about its tail; every value is derived from their timelines."""
 
@@ -175,6 +242,10 @@ class StepStats:
     """Σ of the requests' preemptions, over those whose engine reports them (``None``: none did)."""
     staleness: StalenessStats | None = None
     """Weight-version staleness, when the step's requests carry versions (:func:`analyze_staleness`)."""
+    request_phases: RequestPhases | None = None
+    """Queue / prefill / decode over the step's requests (:func:`analyze_request_phases`)."""
+    cache: CacheStats | None = None
+    """Prefix-cache hits, where the engine reports cached tokens (:func:`analyze_cache`)."""
 
     @property
     def tail_fraction(self) -> float:
@@ -253,11 +324,21 @@ def analyze(
         idle_fraction=idle_fraction,
         stragglers=tuple(
             Straggler(
-                r.duration_s, r.output_tokens, r.finish_reason, r.trace_hex or "", r.span_hex or ""
+                r.duration_s,
+                r.output_tokens,
+                r.finish_reason,
+                r.trace_hex or "",
+                r.span_hex or "",
+                r.queue_time_s,
+                r.prefill_time_s,
+                r.decode_time_s,
+                r.preemptions,
             )
             for r in slowest
         ),
         trajectories=analyze_trajectories(trajectories, stragglers),
         preemptions=_preemptions(records),
         staleness=analyze_staleness(records, weight_version, newest_versions),
+        request_phases=analyze_request_phases(records),
+        cache=analyze_cache(records),
     )

@@ -17,8 +17,10 @@ from opentelemetry.semconv.attributes import error_attributes
 from otel_rollout.figures import STEP_FIGURES
 from otel_rollout.semconv import (
     ROLLOUT_CACHED_TOKENS,
+    ROLLOUT_DECODE_TIME,
     ROLLOUT_FINISH_REASON,
     ROLLOUT_PREEMPTIONS,
+    ROLLOUT_PREFILL_TIME,
     ROLLOUT_QUEUE_TIME,
     ROLLOUT_STEP,
     ROLLOUT_TIMING_SOURCE,
@@ -110,6 +112,8 @@ def request_span_attributes(
         (ROLLOUT_PREEMPTIONS, record.preemptions),
         (ROLLOUT_QUEUE_TIME, record.queue_time_s),
         (ROLLOUT_TTFT, record.ttft_s),
+        (ROLLOUT_PREFILL_TIME, record.prefill_time_s),
+        (ROLLOUT_DECODE_TIME, record.decode_time_s),
         (ROLLOUT_STEP, step),
         (ROLLOUT_WEIGHT_VERSION, record.weight_version),
     )

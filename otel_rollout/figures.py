@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from otel_rollout.config import DEFAULT_RATIO_BUCKETS, IDLE_CAPACITY_BUCKETS, RolloutConfig
 from otel_rollout.semconv import (
+    STEP_ATTR_CACHED_TOKENS,
+    STEP_ATTR_DECODE_MAX,
+    STEP_ATTR_DECODE_P90,
     STEP_ATTR_IDLE_CAPACITY,
     STEP_ATTR_LATENCY_MAX,
     STEP_ATTR_LATENCY_P50,
@@ -26,6 +29,10 @@ from otel_rollout.semconv import (
     STEP_ATTR_OUTPUT_TOKENS_P90,
     STEP_ATTR_PEAK_ACTIVE,
     STEP_ATTR_PREEMPTIONS,
+    STEP_ATTR_PREFILL_MAX,
+    STEP_ATTR_PREFILL_P90,
+    STEP_ATTR_QUEUE_MAX,
+    STEP_ATTR_QUEUE_P90,
     STEP_ATTR_STALE_REQUESTS,
     STEP_ATTR_STALENESS_MAX,
     STEP_ATTR_STALENESS_MEAN,
@@ -38,6 +45,7 @@ from otel_rollout.semconv import (
     STEP_ATTR_TRAJECTORY_TURNS_MAX,
     STEP_ATTR_TRAJECTORY_TURNS_P50,
     STEP_ATTR_WEIGHT_VERSION,
+    STEP_CACHE_HIT_RATE,
     STEP_DURATION,
     STEP_IDLE_CAPACITY,
     STEP_IDLE_FRACTION,
@@ -228,6 +236,22 @@ STEP_FIGURES: tuple[StepFigure, ...] = (
         "mean",
     ),
     StepFigure("staleness.stale_requests", STEP_ATTR_STALE_REQUESTS),
+    # inside the engine (absent where the engine does not stamp or count them)
+    StepFigure("request_phases.queue.p90_s", STEP_ATTR_QUEUE_P90),
+    StepFigure("request_phases.queue.max_s", STEP_ATTR_QUEUE_MAX),
+    StepFigure("request_phases.prefill.p90_s", STEP_ATTR_PREFILL_P90),
+    StepFigure("request_phases.prefill.max_s", STEP_ATTR_PREFILL_MAX),
+    StepFigure("request_phases.decode.p90_s", STEP_ATTR_DECODE_P90),
+    StepFigure("request_phases.decode.max_s", STEP_ATTR_DECODE_MAX),
+    StepFigure(
+        "cache.hit_rate",
+        STEP_CACHE_HIT_RATE,
+        STEP_CACHE_HIT_RATE,
+        "1",
+        "Share of the step's prompt tokens the engine found in its prefix cache.",
+        FRACTION_BUCKETS,
+    ),
+    StepFigure("cache.cached_tokens", STEP_ATTR_CACHED_TOKENS),
 )
 """In the step span's attribute order (README's step-span table)."""
 

@@ -190,6 +190,21 @@ class RequestRecord:
         return max(0, self.first_token_ns - self.arrival_ns) / 1e9
 
     @property
+    def prefill_time_s(self) -> float | None:
+        """Scheduled → first token: the prompt's prefill (and any recompute before the first
+        token), where the engine stamped both ends."""
+        if self.scheduled_ns is None or self.first_token_ns is None:
+            return None
+        return max(0, self.first_token_ns - self.scheduled_ns) / 1e9
+
+    @property
+    def decode_time_s(self) -> float | None:
+        """First token → finish: decoding the response (preemptions in it included)."""
+        if self.first_token_ns is None:
+            return None
+        return max(0, self.finish_ns - self.first_token_ns) / 1e9
+
+    @property
     def tpot_s(self) -> float | None:
         """Decode time per token after the first; undefined for fewer than two tokens."""
         if self.first_token_ns is None or not self.output_tokens or self.output_tokens < 2:

@@ -81,6 +81,24 @@ STEP_PARTIAL = "rollout.step.partial"
 """True on a step some of whose remote calls never reported their requests (figures are partial)."""
 STEP_MISSING_CALLS = "rollout.step.missing_calls"
 
+# --- inside the engine: request phases and prefix cache (#12) --------------------------------
+ROLLOUT_PREFILL_TIME = "rollout.request.prefill_time"
+"""Scheduled → first token on the request span (seconds), where the engine stamped both."""
+ROLLOUT_DECODE_TIME = "rollout.request.decode_time"
+"""First token → finish on the request span (seconds)."""
+EVENT_SCHEDULED = "rollout.scheduled"
+"""Span event where the engine scheduled the request (the end of its queue); the engine's time."""
+STEP_CACHE_HIT_RATE = "rollout.step.cache_hit_rate"
+"""Prompt tokens found in the prefix cache ÷ prompt tokens, over the step's requests whose
+engine reports cached tokens: a step attribute and a ``rollout.step.*`` histogram."""
+STEP_ATTR_CACHED_TOKENS = "rollout.step.cached_tokens"
+STEP_ATTR_QUEUE_P90 = "rollout.step.queue_time.p90_s"
+STEP_ATTR_QUEUE_MAX = "rollout.step.queue_time.max_s"
+STEP_ATTR_PREFILL_P90 = "rollout.step.prefill_time.p90_s"
+STEP_ATTR_PREFILL_MAX = "rollout.step.prefill_time.max_s"
+STEP_ATTR_DECODE_P90 = "rollout.step.decode_time.p90_s"
+STEP_ATTR_DECODE_MAX = "rollout.step.decode_time.max_s"
+
 # --- weight-version staleness (otel_rollout.versions) ----------------------------------------
 STEP_ATTR_WEIGHT_VERSION = "rollout.step.weight_version"
 STEP_STALENESS = "rollout.step.staleness"

@@ -51,6 +51,7 @@ from otel_rollout.sdk_internals import preset_tracer
 from otel_rollout.semconv import (
     BATCH_SPAN_NAME,
     EVENT_FIRST_TOKEN,
+    EVENT_SCHEDULED,
     METRIC_TELEMETRY_DROPPED,
     PHASE_NAME,
     PHASE_SPAN_NAME,
@@ -402,6 +403,8 @@ class Telemetry:
         )
         if preset is not None:
             preset.trace_id = preset.span_id = 0
+        if record.scheduled_ns is not None:
+            span.add_event(EVENT_SCHEDULED, timestamp=record.scheduled_ns)
         if record.first_token_ns is not None:
             span.add_event(EVENT_FIRST_TOKEN, timestamp=record.first_token_ns)
         if record.error is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from otel_rollout.analysis import StepStats
+from otel_rollout.analysis import StepStats, Straggler
 
 
 def format_summary(
@@ -29,7 +29,7 @@ def format_summary(
         span = f" span_id={s.span_id}" if s.span_id else ""
         lines.append(
             f"  slow: {s.duration_s:8.3f} s {tokens:>6} tokens "
-            f"{s.finish_reason or '-':<6} trace_id={s.trace_id}{span}"
+            f"{s.finish_reason or '-':<6}{_phases_of(s)} trace_id={s.trace_id}{span}"
         )
     if (t := stats.trajectories) is not None:
         statuses = " ".join(f"{name} {count}" for name, count in t.statuses.items())
@@ -45,6 +45,18 @@ def format_summary(
                 f"tools {slow.tool_s:.3f} s {slow.status:<9} trace_id={slow.trace_id} "
                 f"span_id={slow.span_id}"
             )
+    if (p := stats.request_phases) is not None:
+        shown = [
+            f"{name} p50 {ph.p50_s:.3f} p90 {ph.p90_s:.3f} max {ph.max_s:.3f} s"
+            for name, ph in (("queue", p.queue), ("prefill", p.prefill), ("decode", p.decode))
+            if ph is not None
+        ]
+        lines.append("  request phases: " + " | ".join(shown))
+    if (c := stats.cache) is not None:
+        lines.append(
+            f"  prefix cache: {c.hit_rate:.1%} of {c.prompt_tokens} prompt tokens cached "
+            f"({c.cached_tokens} tokens, {c.requests} requests)"
+        )
     if stats.preemptions:
         lines.append(
             f"  preemptions: {stats.preemptions} (KV cache full: requests evicted and recomputed)"
@@ -64,3 +76,21 @@ def format_summary(
             f"{w.stale_requests} of {w.requests} requests from older weights"
         )
     return "\n".join(lines)
+
+
+def _phases_of(s: Straggler) -> str:
+    """`` | queue 0.001 prefill 0.020 decode 3.190 s`` where the engine stamped them: why a
+    straggler was slow (waiting, a long prompt, or a long answer), and its preemptions."""
+    parts = [
+        f"{name} {seconds:.3f}"
+        for name, seconds in (
+            ("queue", s.queue_s),
+            ("prefill", s.prefill_s),
+            ("decode", s.decode_s),
+        )
+        if seconds is not None
+    ]
+    text = f" | {' '.join(parts)} s" if parts else ""
+    if s.preemptions:
+        text += f" | preempted {s.preemptions}x"
+    return text + " |" if text else ""

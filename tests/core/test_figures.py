@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections import defaultdict
 
 import pytest
@@ -10,7 +11,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_rollout import semconv
-from otel_rollout.analysis import StalenessStats, StepStats, TrajectoryStats, analyze
+from otel_rollout.analysis import StepStats, analyze
 from otel_rollout.attributes import step_span_attributes
 from otel_rollout.config import RolloutConfig
 from otel_rollout.figures import STEP_FIGURES, step_metrics
@@ -26,12 +27,18 @@ def _fields(cls: type) -> set[str]:
 
 
 def test_every_figure_reads_a_stepstats_value() -> None:
-    parts = {"trajectories": TrajectoryStats, "staleness": StalenessStats}
+    """Each dotted field walks StepStats' own (optional) parts down to a value."""
     for figure in STEP_FIGURES:
-        head, _, rest = figure.field.partition(".")
-        assert head in _fields(StepStats), figure
-        if rest:
-            assert rest in _fields(parts[head]), figure
+        cls: type = StepStats
+        for part in figure.field.split("."):
+            assert part in _fields(cls), figure
+            if part not in {f.name for f in dataclasses.fields(cls)}:
+                break  # a property: the value itself
+            hint = typing.get_type_hints(cls)[part]
+            inner = [a for a in typing.get_args(hint) if a is not type(None)]
+            cls = inner[0] if inner else hint
+        else:
+            assert not dataclasses.is_dataclass(cls), f"{figure.field} ends at a part, not a value"
     assert len({f.field for f in STEP_FIGURES}) == len(STEP_FIGURES)
 
 

@@ -36,9 +36,10 @@ def test_span_timestamps_are_the_records_timeline(otel, make_telemetry, model) -
     assert span.kind == SpanKind.INTERNAL
     assert span.start_time == arrival
     assert span.end_time == finish
-    (event,) = span.events
-    assert event.name == "gen_ai.first_token"
-    assert event.timestamp == first
+    scheduled, first_token = span.events
+    assert (scheduled.name, scheduled.timestamp) == ("rollout.scheduled", record.scheduled_ns)
+    assert first_token.name == "gen_ai.first_token"
+    assert first_token.timestamp == first
     assert span.status.status_code == StatusCode.UNSET
 
 
@@ -73,6 +74,8 @@ def test_attributes_names_and_types(otel, make_telemetry, model) -> None:
         "rollout.timing.source": "engine",
         "rollout.request.queue_time": 0.25,
         "rollout.request.time_to_first_token": 0.75,
+        "rollout.request.prefill_time": 0.5,
+        "rollout.request.decode_time": 2.0,
     }
     assert attrs == expected
     # The SDK stores sequences as tuples; the semconv type is string[] (a list, not one string).

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from otel_rollout import rollout_step
 from tests.conftest import OTelHarness
 from tests.sglang.conftest import start_engine
 from tests.sglang.helpers import assert_matches, in_flight, params, spans_by_id
@@ -34,6 +35,14 @@ def _assert_engine_timeline(span: Any, meta: dict[str, Any]) -> None:
     )
     queue = meta["forward_entry_time"] - meta["request_received_ts"]
     assert span.attributes["rollout.request.queue_time"] == pytest.approx(max(0.0, queue), abs=1e-6)
+    # the same three phases as vLLM's: queue, prefill (scheduled → first token), decode
+    assert span.attributes["rollout.request.prefill_time"] == pytest.approx(
+        max(0.0, meta["first_token_latency"] - queue), abs=1e-6
+    )
+    assert span.attributes["rollout.request.decode_time"] == pytest.approx(
+        meta["e2e_latency"] - meta["first_token_latency"], abs=1e-6
+    )
+    assert [e.name for e in span.events] == ["rollout.scheduled", "gen_ai.first_token"]
 
 
 def test_engine_timeline_batch_and_stream(otel: OTelHarness, engine_metrics: Any) -> None:
@@ -72,3 +81,25 @@ def test_engine_timeline_batch_and_stream(otel: OTelHarness, engine_metrics: Any
     tpot = otel.metric_points("gen_ai.server.time_per_output_token")
     assert sum(p.count for p in tpot) == 4
     assert in_flight(otel) == 0
+
+
+def test_prefix_cache_hits_are_the_engines_own(otel: OTelHarness, engine_metrics: Any) -> None:
+    """Prompts sharing 600 token ids: SGLang's radix cache serves the prefix after the first;
+    each span carries SGLang's ``cached_tokens``, the step their sum and rate."""
+    shared = [(7 * i) % 1000 + 3 for i in range(600)]
+    prompts = [shared + [11 + i, 12 + i] for i in range(5)]
+    engine_metrics.generate(input_ids=prompts[:1], sampling_params=params(4))
+    with rollout_step(61) as step:
+        outs = engine_metrics.generate(input_ids=prompts, sampling_params=params(4))
+    cached = {o["meta_info"]["id"]: o["meta_info"]["cached_tokens"] for o in outs}
+    assert sum(cached.values()) >= 4 * 500, f"no prefix hit: {cached}"
+    by_id = spans_by_id(otel)
+    assert {rid: by_id[rid].attributes["rollout.usage.cached_tokens"] for rid in cached} == cached
+    (step_span,) = [s for s in otel.finished_spans() if s.name == "rollout.step"]
+    prompt_tokens = sum(o["meta_info"]["prompt_tokens"] for o in outs)
+    assert step_span.attributes["rollout.step.cached_tokens"] == sum(cached.values())
+    assert step_span.attributes["rollout.step.cache_hit_rate"] == pytest.approx(
+        sum(cached.values()) / prompt_tokens
+    )
+    assert step.stats is not None and step.stats.cache is not None
+    assert step.stats.request_phases is not None and step.stats.request_phases.decode is not None
