@@ -11,7 +11,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from otel_rollout.record import FINISH_LENGTH, RequestRecord, TrajectoryRecord
+from otel_rollout.engine_stats import EngineWindow
+from otel_rollout.record import FINISH_ABORT, FINISH_LENGTH, RequestRecord, TrajectoryRecord
 from otel_rollout.versions import as_int
 
 
@@ -214,6 +215,49 @@ def analyze_cache(records: Sequence[RequestRecord]) -> CacheStats | None:
 
 
 @dataclass(frozen=True)
+class EngineStepStats:
+    """The engine's own figures over the step (:mod:`otel_rollout.engine_stats`): what its
+    scheduler counted per iteration while the step was open, summed over the process's engines."""
+
+    iterations: int
+    running_peak: int
+    waiting_peak: int
+    """Queue depth: the most requests waiting to be scheduled after any iteration."""
+    kv_cache_usage_peak: float
+    kv_cache_usage_mean: float
+    prompt_tokens: int
+    generation_tokens: int
+    generation_throughput: float
+    """Generated tokens per second of the step."""
+    preemptions: int
+    prefix_cache_hit_rate: float | None
+    aborted: int
+
+
+def analyze_engine(windows: Sequence[EngineWindow], duration_s: float) -> EngineStepStats | None:
+    if not windows:
+        return None
+    w = windows[0]
+    for other in windows[1:]:
+        w = w.merge(other)
+    if w.iterations == 0:
+        return None
+    return EngineStepStats(
+        iterations=w.iterations,
+        running_peak=w.running_peak,
+        waiting_peak=w.waiting_peak,
+        kv_cache_usage_peak=w.kv_cache_usage_peak,
+        kv_cache_usage_mean=w.kv_cache_usage_mean,
+        prompt_tokens=w.prompt_tokens,
+        generation_tokens=w.generation_tokens,
+        generation_throughput=w.generation_tokens / duration_s if duration_s > 0 else 0.0,
+        preemptions=w.preemptions,
+        prefix_cache_hit_rate=w.prefix_cache_hit_rate,
+        aborted=w.finished.get(FINISH_ABORT, 0),
+    )
+
+
+@dataclass(frozen=True)
 class StepStats:
     """What a step's requests say about its tail; every value is derived from their timelines."""
 
@@ -246,6 +290,9 @@ class StepStats:
     """Queue / prefill / decode over the step's requests (:func:`analyze_request_phases`)."""
     cache: CacheStats | None = None
     """Prefix-cache hits, where the engine reports cached tokens (:func:`analyze_cache`)."""
+    engine: EngineStepStats | None = None
+    """The engine's own per-iteration figures over the step, where its stat hook reports them
+    (vLLM ``AsyncLLM``: :mod:`otel_rollout.vllm.stat_logger`)."""
 
     @property
     def tail_fraction(self) -> float:
@@ -265,6 +312,7 @@ def analyze(
     trajectories: Sequence[TrajectoryRecord] = (),
     weight_version: object = None,
     newest_versions: Sequence[object] = (),
+    engine_windows: Sequence[EngineWindow] = (),
 ) -> StepStats | None:
     """Compute a step's tail analytics from its requests; ``None`` for a step without requests.
 
@@ -341,4 +389,5 @@ def analyze(
         staleness=analyze_staleness(records, weight_version, newest_versions),
         request_phases=analyze_request_phases(records),
         cache=analyze_cache(records),
+        engine=analyze_engine(engine_windows, duration_s),
     )

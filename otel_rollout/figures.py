@@ -20,6 +20,17 @@ from otel_rollout.semconv import (
     STEP_ATTR_CACHED_TOKENS,
     STEP_ATTR_DECODE_MAX,
     STEP_ATTR_DECODE_P90,
+    STEP_ATTR_ENGINE_ABORTED,
+    STEP_ATTR_ENGINE_GENERATION_TOKENS,
+    STEP_ATTR_ENGINE_ITERATIONS,
+    STEP_ATTR_ENGINE_KV_MEAN,
+    STEP_ATTR_ENGINE_KV_PEAK,
+    STEP_ATTR_ENGINE_PREEMPTIONS,
+    STEP_ATTR_ENGINE_PREFIX_HIT_RATE,
+    STEP_ATTR_ENGINE_PROMPT_TOKENS,
+    STEP_ATTR_ENGINE_RUNNING_PEAK,
+    STEP_ATTR_ENGINE_THROUGHPUT,
+    STEP_ATTR_ENGINE_WAITING_PEAK,
     STEP_ATTR_IDLE_CAPACITY,
     STEP_ATTR_LATENCY_MAX,
     STEP_ATTR_LATENCY_P50,
@@ -47,6 +58,7 @@ from otel_rollout.semconv import (
     STEP_ATTR_WEIGHT_VERSION,
     STEP_CACHE_HIT_RATE,
     STEP_DURATION,
+    STEP_ENGINE_KV_CACHE_USAGE,
     STEP_IDLE_CAPACITY,
     STEP_IDLE_FRACTION,
     STEP_OUTPUT_TOKENS,
@@ -99,6 +111,7 @@ class StepFigure:
 
 
 _TOKENS = "Per-step response length statistics."
+_KV = "Per-step KV-cache usage as the engine reported it each iteration (peak, mean)."
 _STALENESS = (
     "Per-step weight-version staleness: the step's weight version minus the version that "
     "generated each request."
@@ -252,6 +265,34 @@ STEP_FIGURES: tuple[StepFigure, ...] = (
         FRACTION_BUCKETS,
     ),
     StepFigure("cache.cached_tokens", STEP_ATTR_CACHED_TOKENS),
+    # the engine's own per-iteration figures (absent where no engine stat hook reported)
+    StepFigure("engine.iterations", STEP_ATTR_ENGINE_ITERATIONS),
+    StepFigure(
+        "engine.kv_cache_usage_peak",
+        STEP_ATTR_ENGINE_KV_PEAK,
+        STEP_ENGINE_KV_CACHE_USAGE,
+        "1",
+        _KV,
+        FRACTION_BUCKETS,
+        "peak",
+    ),
+    StepFigure(
+        "engine.kv_cache_usage_mean",
+        STEP_ATTR_ENGINE_KV_MEAN,
+        STEP_ENGINE_KV_CACHE_USAGE,
+        "1",
+        _KV,
+        FRACTION_BUCKETS,
+        "mean",
+    ),
+    StepFigure("engine.running_peak", STEP_ATTR_ENGINE_RUNNING_PEAK),
+    StepFigure("engine.waiting_peak", STEP_ATTR_ENGINE_WAITING_PEAK),
+    StepFigure("engine.prompt_tokens", STEP_ATTR_ENGINE_PROMPT_TOKENS),
+    StepFigure("engine.generation_tokens", STEP_ATTR_ENGINE_GENERATION_TOKENS),
+    StepFigure("engine.generation_throughput", STEP_ATTR_ENGINE_THROUGHPUT),
+    StepFigure("engine.preemptions", STEP_ATTR_ENGINE_PREEMPTIONS),
+    StepFigure("engine.prefix_cache_hit_rate", STEP_ATTR_ENGINE_PREFIX_HIT_RATE),
+    StepFigure("engine.aborted", STEP_ATTR_ENGINE_ABORTED),
 )
 """In the step span's attribute order (README's step-span table)."""
 

@@ -99,6 +99,22 @@ STEP_ATTR_PREFILL_MAX = "rollout.step.prefill_time.max_s"
 STEP_ATTR_DECODE_P90 = "rollout.step.decode_time.p90_s"
 STEP_ATTR_DECODE_MAX = "rollout.step.decode_time.max_s"
 
+# --- the engine's own figures over a step (otel_rollout.engine_stats) -------------------------
+STEP_ENGINE_KV_CACHE_USAGE = "rollout.step.engine.kv_cache_usage"
+"""Per-step KV-cache usage (0-1) as the engine reported it each iteration: a histogram with
+``rollout.statistic`` peak / mean, and the step attributes ``….peak`` / ``….mean``."""
+STEP_ATTR_ENGINE_KV_PEAK = "rollout.step.engine.kv_cache_usage.peak"
+STEP_ATTR_ENGINE_KV_MEAN = "rollout.step.engine.kv_cache_usage.mean"
+STEP_ATTR_ENGINE_ITERATIONS = "rollout.step.engine.iterations"
+STEP_ATTR_ENGINE_RUNNING_PEAK = "rollout.step.engine.running.peak"
+STEP_ATTR_ENGINE_WAITING_PEAK = "rollout.step.engine.waiting.peak"
+STEP_ATTR_ENGINE_PROMPT_TOKENS = "rollout.step.engine.prompt_tokens"
+STEP_ATTR_ENGINE_GENERATION_TOKENS = "rollout.step.engine.generation_tokens"
+STEP_ATTR_ENGINE_THROUGHPUT = "rollout.step.engine.generation_throughput"
+STEP_ATTR_ENGINE_PREEMPTIONS = "rollout.step.engine.preemptions"
+STEP_ATTR_ENGINE_PREFIX_HIT_RATE = "rollout.step.engine.prefix_cache_hit_rate"
+STEP_ATTR_ENGINE_ABORTED = "rollout.step.engine.aborted"
+
 # --- weight-version staleness (otel_rollout.versions) ----------------------------------------
 STEP_ATTR_WEIGHT_VERSION = "rollout.step.weight_version"
 STEP_STALENESS = "rollout.step.staleness"

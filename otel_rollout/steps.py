@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from otel_rollout import reports
+from otel_rollout import engine_stats, reports
 from otel_rollout.analysis import StepStats, analyze
 from otel_rollout.config import RolloutConfig, load_config
 from otel_rollout.context import current_step, step_number, with_step
@@ -192,6 +192,7 @@ class StepScope:
             ctx = trace.set_span_in_context(self._span, ctx)
         self._token = otel_context.attach(ctx)
         _OPEN.add(self)
+        engine_stats.open_window(id(self))
         return self
 
     def __exit__(
@@ -200,6 +201,7 @@ class StepScope:
         # the span ends here, not after the remote reports came in
         duration, ended_ns = time.monotonic() - self._started, time.time_ns()
         _OPEN.discard(self)
+        windows = list(engine_stats.close(id(self)).values())
         if self._token is not None:
             otel_context.detach(self._token)  # type: ignore[arg-type]
             self._token = None
@@ -233,6 +235,7 @@ class StepScope:
                 trajectories,
                 weight_version=self.attributes.get("weight_version"),
                 newest_versions=_versions_at_last_finish(records),
+                engine_windows=windows,
             )
         self.stats = stats
         if self._span is not None:

@@ -57,6 +57,18 @@ def format_summary(
             f"  prefix cache: {c.hit_rate:.1%} of {c.prompt_tokens} prompt tokens cached "
             f"({c.cached_tokens} tokens, {c.requests} requests)"
         )
+    if (e := stats.engine) is not None:
+        hit = (
+            ""
+            if e.prefix_cache_hit_rate is None
+            else f" | prefix hits {e.prefix_cache_hit_rate:.1%}"
+        )
+        lines.append(
+            f"  engine: {e.iterations} iterations | KV cache peak {e.kv_cache_usage_peak:.1%} "
+            f"mean {e.kv_cache_usage_mean:.1%} | running peak {e.running_peak} waiting peak "
+            f"{e.waiting_peak} | {e.generation_tokens} tokens generated "
+            f"({e.generation_throughput:.0f}/s) | preempted {e.preemptions}{hit}"
+        )
     if stats.preemptions:
         lines.append(
             f"  preemptions: {stats.preemptions} (KV cache full: requests evicted and recomputed)"

@@ -1,0 +1,97 @@
+"""The engine's per-iteration figures summed per step (engine_stats) and vLLM's stat objects
+translated (stat_logger.sample), without an engine: the stat objects are plain stand-ins with
+vLLM 0.32's field names (the real ones are read in tests/vllm/test_stat_logger.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from otel_rollout import engine_stats
+from otel_rollout.analysis import analyze_engine
+from otel_rollout.engine_stats import EngineSample, EngineWindow
+from otel_rollout.vllm.stat_logger import sample
+
+
+def _sample(**kw: object) -> EngineSample:
+    base: dict[str, object] = dict(
+        running=2,
+        waiting=0,
+        kv_cache_usage=0.5,
+        prompt_tokens=0,
+        generation_tokens=2,
+        preemptions=0,
+        prefix_queries=0,
+        prefix_hits=0,
+    )
+    base.update(kw)
+    return EngineSample(**base)  # type: ignore[arg-type]
+
+
+def test_a_window_sums_and_peaks_its_iterations() -> None:
+    w = EngineWindow()
+    w.add(
+        _sample(
+            running=4,
+            waiting=3,
+            kv_cache_usage=0.2,
+            prompt_tokens=100,
+            prefix_queries=100,
+            prefix_hits=60,
+        )
+    )
+    w.add(_sample(kv_cache_usage=0.9, preemptions=1, finished=("abort", "stop")))
+    w.add(_sample(kv_cache_usage=0.4, finished=("stop",)))
+    assert (w.iterations, w.running_peak, w.waiting_peak) == (3, 4, 3)
+    assert w.kv_cache_usage_peak == 0.9 and w.kv_cache_usage_mean == pytest.approx(0.5)
+    assert (w.prompt_tokens, w.generation_tokens, w.preemptions) == (100, 6, 1)
+    assert w.prefix_cache_hit_rate == pytest.approx(0.6)
+    assert w.finished == {"abort": 1, "stop": 2}
+    stats = analyze_engine([w, w], duration_s=2.0)  # two engines alike: Σ and max
+    assert stats is not None
+    assert (stats.iterations, stats.generation_tokens, stats.aborted) == (6, 12, 2)
+    assert stats.generation_throughput == pytest.approx(6.0)
+    assert stats.kv_cache_usage_peak == 0.9 and stats.kv_cache_usage_mean == pytest.approx(0.5)
+    assert analyze_engine([], 1.0) is None and analyze_engine([EngineWindow()], 1.0) is None
+
+
+def test_iterations_count_for_each_step_open_then_only() -> None:
+    engine_stats.record("m", _sample())  # no step open: dropped
+    engine_stats.open_window(1)
+    engine_stats.record("m", _sample())
+    engine_stats.open_window(2)  # overlapping steps (async RL): both see what runs in both
+    engine_stats.record("m", _sample(generation_tokens=5))
+    engine_stats.record("other", _sample(generation_tokens=7))
+    first = engine_stats.close(1)
+    engine_stats.record("m", _sample(generation_tokens=11))
+    second = engine_stats.close(2)
+    assert not engine_stats.has_open_steps()
+    assert first["m"].generation_tokens == 7 and first["other"].generation_tokens == 7
+    assert second["m"].generation_tokens == 16 and set(second) == {"m", "other"}
+
+
+def test_vllm_stat_objects_to_a_sample() -> None:
+    scheduler = SimpleNamespace(
+        num_running_reqs=3,
+        num_waiting_reqs=5,
+        kv_cache_usage=0.25,
+        prefix_cache_stats=SimpleNamespace(queries=256, hits=128),
+    )
+    finished = [
+        SimpleNamespace(finish_reason=SimpleNamespace(name="LENGTH")),
+        SimpleNamespace(finish_reason=SimpleNamespace(name="ABORT")),
+    ]
+    iteration = SimpleNamespace(
+        num_prompt_tokens=40,
+        num_generation_tokens=3,
+        num_preempted_reqs=1,
+        finished_requests=finished,
+    )
+    assert sample(scheduler, iteration) == EngineSample(
+        3, 5, 0.25, 40, 3, 1, 256, 128, ("length", "abort")
+    )
+    # an iteration without outputs has no IterationStats; an older vLLM may lack a field
+    assert sample(SimpleNamespace(kv_cache_usage=0.5), None) == EngineSample(
+        0, 0, 0.5, 0, 0, 0, 0, 0
+    )

@@ -1,0 +1,91 @@
+"""The engine's own figures per step through vLLM's stat-logger plugin interface (#12 item 2).
+
+vLLM loads our plugin itself (the ``vllm.stat_logger_plugins`` entry point) for every ``AsyncLLM``
+with stats on. Over a step, the figures it summed must equal the deltas of vLLM's own Prometheus
+counters (its ``PrometheusStatLogger`` sees the same iterations in this process), and the tokens
+the step's requests really generated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from otel_rollout import rollout_step
+from otel_rollout.reports.summary import format_summary
+from tests.conftest import OTelHarness
+
+pytestmark = pytest.mark.vllm
+
+COUNTERS = (
+    "vllm:generation_tokens_total",
+    "vllm:prompt_tokens_total",
+    "vllm:num_preemptions_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+)
+
+
+def _counters() -> dict[str, float]:
+    from prometheus_client import REGISTRY
+
+    totals = dict.fromkeys(COUNTERS, 0.0)
+    for family in REGISTRY.collect():
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+    return totals
+
+
+def test_vllm_loads_the_plugin_from_its_entry_point(vllm_module: Any) -> None:
+    from vllm.v1.metrics.loggers import load_stat_logger_plugin_factories
+
+    names = [f"{f.__module__}.{f.__name__}" for f in load_stat_logger_plugin_factories()]
+    assert "otel_rollout.vllm.stat_logger.RolloutStatLogger" in names
+
+
+def test_step_figures_equal_the_engines_own_counters(
+    otel: OTelHarness, engine: Any, loop: asyncio.AbstractEventLoop, vllm_module: Any
+) -> None:
+    lengths = [8, 16, 24, 32, 48, 64, 96, 128]
+    shared = "the same long instruction for every sample of the group " * 8
+
+    async def one(i: int) -> int:
+        params = vllm_module.SamplingParams(max_tokens=lengths[i], ignore_eos=True)
+        last = None
+        async for out in engine.generate(f"{shared} {i}", params, f"stats-{i}"):
+            last = out
+        assert last is not None
+        return len(last.outputs[0].token_ids)
+
+    async def scenario() -> tuple[Any, list[int]]:
+        with rollout_step(71) as step:
+            produced = await asyncio.gather(*(one(i) for i in range(len(lengths))))
+        return step, list(produced)
+
+    before = _counters()
+    step, produced = loop.run_until_complete(scenario())
+    delta = {k: v - before[k] for k, v in _counters().items()}
+    assert produced == lengths
+    e = step.stats.engine
+    assert e is not None, "no iteration reached the plugin"
+    assert e.generation_tokens == sum(lengths) == delta["vllm:generation_tokens_total"]
+    assert e.prompt_tokens == delta["vllm:prompt_tokens_total"] > 0
+    assert e.preemptions == delta["vllm:num_preemptions_total"]
+    queries, hits = delta["vllm:prefix_cache_queries_total"], delta["vllm:prefix_cache_hits_total"]
+    assert e.prefix_cache_hit_rate == (pytest.approx(hits / queries) if queries else None)
+    assert e.iterations >= max(lengths)  # one generated token per request per iteration
+    assert 1 <= e.running_peak <= len(lengths)
+    assert 0 < e.kv_cache_usage_mean <= e.kv_cache_usage_peak <= 1
+    assert e.aborted == 0
+    (span,) = [s for s in otel.finished_spans() if s.name == "rollout.step"]
+    assert span.attributes["rollout.step.engine.generation_tokens"] == sum(lengths)
+    assert span.attributes["rollout.step.engine.kv_cache_usage.peak"] == e.kv_cache_usage_peak
+    points = otel.metric_points("rollout.step.engine.kv_cache_usage")
+    assert sorted(p.attributes["rollout.statistic"] for p in points) == ["mean", "peak"]
+    text = format_summary(71, step.stats)
+    assert f"| {sum(lengths)} tokens generated (" in text
+    print("\n" + text)
+
