@@ -63,6 +63,7 @@ class EngineActivity:
         "weights",
         "progress_ns",
         "probe",
+        "probe_owner",
         "stalled",
         "_starts",
         "_since",
@@ -89,6 +90,9 @@ class EngineActivity:
         self.probe: Callable[[], float | None] | None = None
         """The engine's own wall-clock stamp of its last output, where it keeps one (SGLang's
         ``TokenizerManager.last_receive_tstamp``): read only when silence is asked for."""
+        self.probe_owner = 0
+        """``id`` of the engine object the probe reads: a later engine serving the same model
+        (one shut down, a new one started) takes the probe over."""
         self.stalled = False
         """Set by the stall watch (:mod:`otel_rollout.stalls`) while it reports this engine
         stalled: the gauge and the log line are one decision."""

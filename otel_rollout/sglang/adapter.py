@@ -473,8 +473,8 @@ def generate_request_wrapper(telemetry: Telemetry) -> Wrapper:
         observer.started = telemetry.requests_started(model, OPERATION, expected, parent)
         with telemetry.log.guard("sglang request"):
             activity = telemetry.engine_activity(model)
-            if activity.probe is None:
-                activity.probe = output_stamp(instance)
+            if activity.probe_owner != id(instance):  # a new engine (or the first) of this model
+                activity.probe, activity.probe_owner = output_stamp(instance), id(instance)
         return ObservedAsyncStream(stream, observer)
 
     return wrapper

@@ -88,4 +88,3 @@ def test_step_figures_equal_the_engines_own_counters(
     text = format_summary(71, step.stats)
     assert f"| {sum(lengths)} tokens generated (" in text
     print("\n" + text)
-
