@@ -15,7 +15,7 @@ Per round, four things run back to back in rotating order: the instrumented call
 background emitter (A, the default) followed by the wait until the emitter is done, the same with
 ``OTEL_ROLLOUT_EMIT_QUEUE=0`` (I, inline), the bare stand-in (B), and the floor (F): for the same
 requests, what the SDK itself costs — ``tracer.start_span(start_time=…, attributes=<the very
-dict we attach>)`` + ``add_event`` + ``end`` + the same histogram ``.record`` calls (same
+dict we attach>)`` + the same ``add_event`` calls + ``end`` + the same histogram ``.record`` calls (same
 instruments, same attribute sets, the span's context). ours = A − B in process CPU time
 (``time.process_time``: the emitter's thread included — work moved off the caller still counts);
 caller = the same in the calling thread's CPU time only; inline = I − B. Median over rounds.
@@ -136,7 +136,7 @@ def floor_for(telemetry: Any, records: list[Any], parent_fn: Any) -> Any:
     from opentelemetry import trace
     from opentelemetry.trace import SpanKind
 
-    from otel_rollout.semconv import EVENT_FIRST_TOKEN, ROLLOUT_FINISH_REASON
+    from otel_rollout.semconv import EVENT_FIRST_TOKEN, EVENT_SCHEDULED, ROLLOUT_FINISH_REASON
 
     tracer = telemetry.tracer
     parent = parent_fn()
@@ -161,22 +161,25 @@ def floor_for(telemetry: Any, records: list[Any], parent_fn: Any) -> Any:
             (
                 f"{rec.operation} {rec.model}",
                 rec.arrival_ns,
+                rec.scheduled_ns,
                 rec.first_token_ns,
                 rec.finish_ns,
                 attrs,
                 hist,
             )
         )
-    event = EVENT_FIRST_TOKEN
+    event, scheduled_event = EVENT_FIRST_TOKEN, EVENT_SCHEDULED
     internal = SpanKind.INTERNAL
     set_in = trace.set_span_in_context
 
     def floor() -> None:
         parent = parent_fn()
-        for name, start, first, end, attrs, hist in prepared:
+        for name, start, scheduled, first, end, attrs, hist in prepared:
             span = tracer.start_span(
                 name, context=parent, kind=internal, start_time=start, attributes=attrs
             )
+            if scheduled is not None:
+                span.add_event(scheduled_event, timestamp=scheduled)
             if first is not None:
                 span.add_event(event, timestamp=first)
             span.end(end_time=end)
