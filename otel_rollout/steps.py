@@ -178,6 +178,8 @@ class StepScope:
             self._config = load_config(warn=False)
         telemetry = self._telemetry or job_step_telemetry()
         self._telemetry = telemetry
+        with telemetry.log.guard("step progress"):
+            telemetry.observe_progress(open_step_progress)
         ctx: Context = with_step(self, otel_context.get_current())
         for channel in list(_CHANNELS):
             with telemetry.log.guard("step channel"):

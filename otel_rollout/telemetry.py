@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import Meter
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as GenAI
 from opentelemetry.semconv.attributes import error_attributes
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
@@ -52,6 +52,8 @@ from otel_rollout.semconv import (
     BATCH_SPAN_NAME,
     EVENT_FIRST_TOKEN,
     EVENT_SCHEDULED,
+    METRIC_STEP_REQUESTS_DONE,
+    METRIC_STEP_REQUESTS_STARTED,
     METRIC_TELEMETRY_DROPPED,
     PHASE_NAME,
     PHASE_SPAN_NAME,
@@ -460,6 +462,34 @@ class StepTelemetry:
         self.config = config
         self.log = LogOnce()
         self._instruments: StepInstruments | None = None
+        self._progress_observed = False
+
+    def observe_progress(self, progress: Callable[[], list[tuple[int | None, int, int]]]) -> None:
+        """Once: gauges of the live progress of the steps open in this process (``progress``
+        gives their (step, done, started)); the step number stays off the labels (bounded), so
+        two overlapping steps add up."""
+        if self._progress_observed:
+            return
+        self._progress_observed = True
+
+        def done(options: CallbackOptions) -> Iterator[Observation]:
+            yield Observation(sum(d for _, d, _ in progress()))
+
+        def started(options: CallbackOptions) -> Iterator[Observation]:
+            yield Observation(sum(s for _, _, s in progress()))
+
+        self.meter.create_observable_gauge(
+            METRIC_STEP_REQUESTS_DONE,
+            callbacks=[done],
+            unit="{request}",
+            description="Requests of the steps open now that finished (in this process).",
+        )
+        self.meter.create_observable_gauge(
+            METRIC_STEP_REQUESTS_STARTED,
+            callbacks=[started],
+            unit="{request}",
+            description="Requests of the steps open now that entered an engine (in this process).",
+        )
 
     @property
     def step_instruments(self) -> StepInstruments:

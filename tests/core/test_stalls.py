@@ -115,8 +115,23 @@ def test_step_progress_counts_its_requests_started_and_done(
         started = telemetry.requests_started(model, "text_completion", 3)
         telemetry.emit(make_record(model))
         assert scope.progress() == (1, 3)
+        assert _live(otel) == {"done": 1, "started": 3}
         telemetry.requests_ended(model, "text_completion", 3, started)
     assert scope not in open_steps()
+    assert _live(otel) == {"done": 0, "started": 0}
+
+
+def _live(otel: OTelHarness) -> dict[str, float]:
+    """The live-progress gauges (no labels: the open steps of the process together)."""
+    data = otel.reader.get_metrics_data()
+    found = {}
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                if metric.name.startswith("rollout.step.open.requests_"):
+                    (point,) = metric.data.data_points
+                    found[metric.name.rsplit("_", 1)[1]] = point.value
+    return found
 
 
 def test_the_watch_logs_and_gauges_a_stall_within_its_timeout(
