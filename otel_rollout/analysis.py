@@ -292,7 +292,7 @@ class StepStats:
     """Prefix-cache hits, where the engine reports cached tokens (:func:`analyze_cache`)."""
     engine: EngineStepStats | None = None
     """The engine's own per-iteration figures over the step, where its stat hook reports them
-    (vLLM ``AsyncLLM``: :mod:`otel_rollout.vllm.stat_logger`)."""
+    (vLLM engines with stats on: :mod:`otel_rollout.vllm.stat_logger`)."""
 
     @property
     def tail_fraction(self) -> float:

@@ -3,7 +3,7 @@
 Engines count what happens inside them once per scheduler iteration: requests running and
 waiting, KV-cache usage, prompt and generated tokens, preemptions, prefix-cache queries and hits.
 They export these process-wide; nothing ties them to a training step. Here an engine's stat hook
-(vLLM's stat-logger plugin, :mod:`otel_rollout.vllm.stat_logger`) hands each iteration's
+(vLLM's stat-logger interface, :mod:`otel_rollout.vllm.stat_logger`) hands each iteration's
 :class:`EngineSample` to :func:`record`, which adds it to the :class:`EngineWindow` of every step
 open in the process; the step reads its window when it ends (:func:`close`). With no step open a
 sample costs one truthiness check.

@@ -25,6 +25,7 @@ class VLLMInstrumentor(EngineInstrumentor):
 
     def targets(self, telemetry: Telemetry) -> list[Target]:
         watch = watch_global_tracer_provider(self.engine_name)
+        stats_on = adapter.engine_init_wrapper(telemetry, watch)
         processor = "vllm.v1.engine.output_processor"
         serving, get_trace_headers = adapter.serving_hook()
         return [
@@ -49,7 +50,8 @@ class VLLMInstrumentor(EngineInstrumentor):
             ),
             # The OpenAI server: every endpoint reads the HTTP headers here before the engine call.
             Target(serving, get_trace_headers, adapter.server_headers_wrapper(telemetry)),
-            Target("vllm.v1.engine.async_llm", "AsyncLLM.__init__", watch),
+            Target("vllm.v1.engine.async_llm", "AsyncLLM.__init__", stats_on),
+            # LLMEngine keeps the plain watch: vLLM 0.11's refuses stat loggers (raises).
             Target("vllm.v1.engine.llm_engine", "LLMEngine.__init__", watch),
             *self._operations(telemetry),
         ]

@@ -554,3 +554,47 @@ def server_headers_wrapper(telemetry: Telemetry) -> Wrapper:
         return wrapped(*args, **kwargs)
 
     return wrapper
+
+
+# --- engine construction: our stat logger, only where the engine's stats are on ------------------
+
+
+@functools.lru_cache(maxsize=8)
+def _takes_stat_loggers(init: Callable[..., Any]) -> bool:
+    import inspect
+
+    try:
+        return "stat_loggers" in inspect.signature(init).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def engine_init_wrapper(telemetry: Telemetry, watch: Wrapper) -> Wrapper:
+    """``AsyncLLM.__init__``: the global-provider watch, and :mod:`otel_rollout.vllm.stat_logger`
+    added to the engine's own ``stat_loggers`` argument (vLLM's interface for custom stat
+    loggers) when the engine's stats are on. Not ``LLMEngine`` (offline): vLLM 0.11's raises
+    ``NotImplementedError`` for any stat logger given.
+
+    Never when they are off: vLLM turns stats on for an engine given any stat logger (and for
+    every ``AsyncLLM`` when a ``vllm.stat_logger_plugins`` entry point is installed, which is why
+    ours is not one), and observing must not change the engine. Stats-off engines (verl's) keep
+    their per-request engine-step timing and get no per-step engine figures.
+    """
+
+    def wrapper(
+        wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        with telemetry.log.guard("vllm stat logger set-up"):
+            if (
+                argument(args, kwargs, 2, "log_stats") is True
+                and len(args) <= 3  # stat_loggers, if given, comes as a keyword
+                and _takes_stat_loggers(wrapped)
+            ):
+                from otel_rollout.vllm.stat_logger import RolloutStatLogger
+
+                given = list(kwargs.get("stat_loggers") or [])
+                if RolloutStatLogger not in given:
+                    kwargs = {**kwargs, "stat_loggers": [*given, RolloutStatLogger]}
+        return watch(wrapped, instance, args, kwargs)
+
+    return wrapper

@@ -1,11 +1,13 @@
-"""vLLM's stat-logger plugin: the engine's own per-iteration figures, summed per training step.
+"""vLLM's stat-logger interface: the engine's own per-iteration figures, summed per training step.
 
 vLLM calls every stat logger once per engine iteration with its ``SchedulerStats`` and
 ``IterationStats`` (running and waiting requests, KV-cache usage, prefix-cache queries and hits,
-prompt and generated tokens, preemptions, finished requests). This class is registered under
-vLLM's own extension point, the ``vllm.stat_logger_plugins`` entry-point group, so every
-``AsyncLLM`` with stats on (its default) loads it; no monkey-patch is involved. ``LLM()`` (offline)
-loads no plugins in vLLM, and runs with stats off by default.
+prompt and generated tokens, preemptions, finished requests). This class is handed to the engine
+through its own ``stat_loggers`` argument (:func:`otel_rollout.vllm.adapter.engine_init_wrapper`),
+and only to an ``AsyncLLM`` whose stats are on (its default; vLLM 0.11's offline ``LLMEngine``
+refuses stat loggers, so offline engines get none).
+It is not a ``vllm.stat_logger_plugins`` entry point: vLLM turns stats on for every ``AsyncLLM``
+when one is installed, and observing must not change the engine.
 
 It does nothing unless a training step is open in the process (:mod:`otel_rollout.engine_stats`):
 then :func:`sample` translates the two stat objects (pure, tested without an engine) and the
@@ -47,13 +49,13 @@ def sample(scheduler_stats: Any, iteration_stats: Any) -> engine_stats.EngineSam
 
 
 def _build() -> type:
-    """The plugin class, made when vLLM loads the entry point: it must subclass vLLM's
-    ``StatLoggerBase``, and importing this module must not import vLLM (our modules never load
-    an engine by themselves)."""
+    """The logger class, made on first use (an engine is being built, so vLLM is loaded): it
+    must subclass vLLM's ``StatLoggerBase``, and importing this module must not import vLLM (our
+    modules never load an engine by themselves)."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class RolloutStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is untyped
-        """Registered as ``otel_rollout`` in ``vllm.stat_logger_plugins`` (pyproject.toml)."""
+        """One per engine (vLLM makes one per engine index); the model names its windows."""
 
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             config = getattr(vllm_config, "model_config", None)

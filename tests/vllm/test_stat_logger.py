@@ -1,7 +1,7 @@
-"""The engine's own figures per step through vLLM's stat-logger plugin interface (#12 item 2).
+"""The engine's own figures per step through vLLM's stat-logger interface (#12 item 2).
 
-vLLM loads our plugin itself (the ``vllm.stat_logger_plugins`` entry point) for every ``AsyncLLM``
-with stats on. Over a step, the figures it summed must equal the deltas of vLLM's own Prometheus
+The instrumentor hands our stat logger to every ``AsyncLLM`` built with stats on, to no other.
+Over a step, the figures it summed must equal the deltas of vLLM's own Prometheus
 counters (its ``PrometheusStatLogger`` sees the same iterations in this process), and the tokens
 the step's requests really generated.
 """
@@ -39,11 +39,25 @@ def _counters() -> dict[str, float]:
     return totals
 
 
-def test_vllm_loads_the_plugin_from_its_entry_point(vllm_module: Any) -> None:
-    from vllm.v1.metrics.loggers import load_stat_logger_plugin_factories
+def _our_loggers(engine_core: Any) -> list[Any]:
+    manager = engine_core.logger_manager
+    return [
+        logger
+        for adapter in (manager.stat_loggers if manager is not None else ())
+        for logger in getattr(adapter, "per_engine_stat_loggers", {}).values()
+        if type(logger).__module__ == "otel_rollout.vllm.stat_logger"
+    ]
 
-    names = [f"{f.__module__}.{f.__name__}" for f in load_stat_logger_plugin_factories()]
-    assert "otel_rollout.vllm.stat_logger.RolloutStatLogger" in names
+
+def test_stats_on_engines_get_our_logger_and_stats_off_engines_stay_off(
+    engine: Any, llm: Any, llm_stats: Any
+) -> None:
+    """Observing never turns an engine's stats on (vLLM would, for any stat logger given)."""
+    assert len(_our_loggers(engine)) == 1  # AsyncLLM, stats on by default
+    # offline engines get none (vLLM 0.11's LLMEngine raises for any stat logger given)
+    assert _our_loggers(llm_stats.llm_engine) == []
+    assert llm.llm_engine.log_stats is False  # LLM(): vLLM's default, untouched
+    assert llm.llm_engine.logger_manager is None
 
 
 def test_step_figures_equal_the_engines_own_counters(
@@ -88,3 +102,32 @@ def test_step_figures_equal_the_engines_own_counters(
     text = format_summary(71, step.stats)
     assert f"| {sum(lengths)} tokens generated (" in text
     print("\n" + text)
+
+
+def _passthrough(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return wrapped(*args, **kwargs)
+
+
+def _init(vllm_config: Any, executor_class: Any, log_stats: bool, stat_loggers: Any = None) -> Any:
+    return stat_loggers
+
+
+def _old_init(vllm_config: Any, executor_class: Any, log_stats: bool) -> Any:
+    return "no stat_loggers parameter"
+
+
+def test_the_logger_is_added_only_when_stats_are_on(vllm_module: Any) -> None:
+    """The constructor wrapper with vLLM's signatures (stand-in constructors: what is tested is
+    the argument we pass, not an engine)."""
+    from otel_rollout.vllm import adapter
+    from otel_rollout.vllm.stat_logger import RolloutStatLogger
+    from testkit.engines import vllm_telemetry
+
+    wrapper = adapter.engine_init_wrapper(vllm_telemetry(), _passthrough)
+    assert wrapper(_init, None, ("cfg", "ex"), {"log_stats": True}) == [RolloutStatLogger]
+    assert wrapper(_init, None, ("cfg", "ex", True), {}) == [RolloutStatLogger]
+    assert wrapper(_init, None, ("cfg", "ex"), {"log_stats": False}) is None
+    given = object()
+    kwargs = {"log_stats": True, "stat_loggers": [given]}
+    assert wrapper(_init, None, ("cfg", "ex"), kwargs) == [given, RolloutStatLogger]
+    assert wrapper(_old_init, None, ("cfg", "ex", True), {}) == "no stat_loggers parameter"
