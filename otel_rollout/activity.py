@@ -11,6 +11,7 @@ per meter for every engine telemetry on that meter.
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 import weakref
@@ -175,22 +176,21 @@ class EngineActivity:
     def _release(self, count: int, started_ns: int | None) -> None:
         starts = self._starts
         if started_ns is not None and started_ns in starts:
-            take = min(count, starts[started_ns])
-            count -= take
-            if starts[started_ns] == take:
-                del starts[started_ns]
-            else:
-                starts[started_ns] -= take
+            count -= self._take(started_ns, count)
         while count > 0 and starts:
-            oldest = min(starts)
-            take = min(count, starts[oldest])
-            count -= take
-            if starts[oldest] == take:
-                del starts[oldest]
-            else:
-                starts[oldest] -= take
+            count -= self._take(min(starts), count)
         if self.active == 0:
             starts.clear()
+
+    def _take(self, start: int, count: int) -> int:
+        """Release up to ``count`` requests of the start ``start``; returns how many."""
+        left = self._starts[start]
+        taken = min(count, left)
+        if taken == left:
+            del self._starts[start]
+        else:
+            self._starts[start] = left - taken
+        return taken
 
     def _unheld(self, now: int) -> None:
         if not self.held():
@@ -276,76 +276,56 @@ class MeterObservers:
             description="1 while the engine's silence exceeds OTEL_ROLLOUT_STALL_TIMEOUT, else 0.",
         )
 
-    def _sum(self, values: Iterator[tuple[dict[str, str], float]]) -> Iterator[Observation]:
-        totals: dict[frozenset[tuple[str, str]], tuple[dict[str, str], float]] = {}
+    def _per_engine(
+        self, value: Callable[[EngineActivity], float]
+    ) -> Iterator[tuple[dict[str, str], float]]:
+        """(engine attributes, ``value(activity)``) for every engine of every member."""
+        for t in list(self.members):
+            for model, activity in t.activities():
+                yield engine_attributes(t.provider, model), value(activity)
+
+    @staticmethod
+    def _fold(
+        values: Iterator[tuple[dict[str, str], float]], combine: Callable[[float, float], float]
+    ) -> Iterator[Observation]:
+        """One observation per attribute set: two members with the same attributes combined
+        (counters add up; gauges take the larger: the older, the stiller)."""
+        folded: dict[frozenset[tuple[str, str]], tuple[dict[str, str], float]] = {}
         for attrs, value in values:
             key = frozenset(attrs.items())
-            seen = totals.get(key)
-            totals[key] = (attrs, value + (seen[1] if seen else 0))
-        for attrs, value in totals.values():
+            seen = folded.get(key)
+            folded[key] = (attrs, value if seen is None else combine(seen[1], value))
+        for attrs, value in folded.values():
             yield Observation(value, attrs)
 
     def _active(self, options: CallbackOptions) -> Iterator[Observation]:
-        return self._sum(
-            (base_attributes(t.provider, model, op), n)
-            for t in list(self.members)
-            for model, activity in t.activities()
-            for op, n in activity.operations()
+        return self._fold(
+            (
+                (base_attributes(t.provider, model, op), n)
+                for t in list(self.members)
+                for model, activity in t.activities()
+                for op, n in activity.operations()
+            ),
+            operator.add,
         )
 
     def _busy(self, options: CallbackOptions) -> Iterator[Observation]:
-        return self._sum(
-            (engine_attributes(t.provider, model), activity.totals()[0])
-            for t in list(self.members)
-            for model, activity in t.activities()
-        )
+        return self._fold(self._per_engine(lambda a: a.totals()[0]), operator.add)
 
     def _idle(self, options: CallbackOptions) -> Iterator[Observation]:
-        return self._sum(
-            (engine_attributes(t.provider, model), activity.totals()[1])
-            for t in list(self.members)
-            for model, activity in t.activities()
-        )
+        return self._fold(self._per_engine(lambda a: a.totals()[1]), operator.add)
 
     def _held(self, options: CallbackOptions) -> Iterator[Observation]:
-        return self._sum(
-            (engine_attributes(t.provider, model), activity.totals()[2])
-            for t in list(self.members)
-            for model, activity in t.activities()
-        )
+        return self._fold(self._per_engine(lambda a: a.totals()[2]), operator.add)
 
     def _oldest(self, options: CallbackOptions) -> Iterator[Observation]:
-        return self._max(
-            (engine_attributes(t.provider, model), activity.oldest_age_s())
-            for t in list(self.members)
-            for model, activity in t.activities()
-        )
+        return self._fold(self._per_engine(EngineActivity.oldest_age_s), max)
 
     def _silence(self, options: CallbackOptions) -> Iterator[Observation]:
-        return self._max(
-            (engine_attributes(t.provider, model), activity.silence_s())
-            for t in list(self.members)
-            for model, activity in t.activities()
-        )
+        return self._fold(self._per_engine(EngineActivity.silence_s), max)
 
     def _stalled(self, options: CallbackOptions) -> Iterator[Observation]:
-        return self._max(
-            (engine_attributes(t.provider, model), float(activity.stalled))
-            for t in list(self.members)
-            for model, activity in t.activities()
-        )
-
-    @staticmethod
-    def _max(values: Iterator[tuple[dict[str, str], float]]) -> Iterator[Observation]:
-        """Gauges of two members with the same attributes: the larger (the older, the stiller)."""
-        best: dict[frozenset[tuple[str, str]], tuple[dict[str, str], float]] = {}
-        for attrs, value in values:
-            key = frozenset(attrs.items())
-            seen = best.get(key)
-            if seen is None or value > seen[1]:
-                best[key] = (attrs, value)
-        for attrs, value in best.values():
-            yield Observation(value, attrs)
+        return self._fold(self._per_engine(lambda a: float(a.stalled)), max)
 
 
 _OBSERVERS: dict[int, tuple[Meter, MeterObservers]] = {}

@@ -63,27 +63,20 @@ def check(
         key = (provider, model)
         silence = activity.silence_s(now)
         began = stalled.get(key)
-        if silence > timeout_s and began is None:
+        if (silence > timeout_s) == (began is not None):
+            continue  # no change: still fine, or still stalled
+        if began is None:
             stalled[key] = now - int(silence * 1e9)
-            activity.stalled = True
-            events.append(
-                StallEvent(
-                    provider, model, False, silence, activity.active, activity.oldest_age_s(now)
-                )
-            )
-        elif silence <= timeout_s and began is not None:
+            resumed, seconds = False, silence
+        else:
             del stalled[key]
-            activity.stalled = False
-            events.append(
-                StallEvent(
-                    provider,
-                    model,
-                    True,
-                    (now - began) / 1e9 - silence,
-                    activity.active,
-                    activity.oldest_age_s(now),
-                )
+            resumed, seconds = True, (now - began) / 1e9 - silence
+        activity.stalled = not resumed
+        events.append(
+            StallEvent(
+                provider, model, resumed, seconds, activity.active, activity.oldest_age_s(now)
             )
+        )
     return events
 
 
