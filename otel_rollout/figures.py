@@ -57,11 +57,14 @@ from otel_rollout.semconv import (
     STEP_ATTR_TRAJECTORY_TURNS_P50,
     STEP_ATTR_WEIGHT_VERSION,
     STEP_CACHE_HIT_RATE,
+    STEP_DECODE_TIME,
     STEP_DURATION,
     STEP_ENGINE_KV_CACHE_USAGE,
     STEP_IDLE_CAPACITY,
     STEP_IDLE_FRACTION,
     STEP_OUTPUT_TOKENS,
+    STEP_PREFILL_TIME,
+    STEP_QUEUE_TIME,
     STEP_REQUESTS,
     STEP_STALENESS,
     STEP_STRAGGLER_RATIO,
@@ -78,6 +81,8 @@ FRACTION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 """Weight versions behind: off-policy RL keeps it at a handful (AReaL's default bound is 4)."""
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
+PREEMPTION_BUCKETS = (0, *COUNT_BUCKETS)
+"""Most steps see none: 0 is a bucket of its own."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,7 @@ class StepFigure:
 
 
 _TOKENS = "Per-step response length statistics."
+_PHASE = "Per-step {} of the step's requests (p90, max) as the engine stamped them."
 _KV = "Per-step KV-cache usage as the engine reported it each iteration (peak, mean)."
 _STALENESS = (
     "Per-step weight-version staleness: the step's weight version minus the version that "
@@ -212,7 +218,14 @@ STEP_FIGURES: tuple[StepFigure, ...] = (
         FRACTION_BUCKETS,
     ),
     StepFigure("peak_active", STEP_ATTR_PEAK_ACTIVE),
-    StepFigure("preemptions", STEP_ATTR_PREEMPTIONS),
+    StepFigure(
+        "preemptions",
+        STEP_ATTR_PREEMPTIONS,
+        STEP_ATTR_PREEMPTIONS,
+        "{preemption}",
+        "Preemptions of the step's requests, as the engine counted them per request.",
+        PREEMPTION_BUCKETS,
+    ),
     # a step's agentic trajectories (absent from a step without them)
     StepFigure("trajectories.count", STEP_ATTR_TRAJECTORIES),
     StepFigure("trajectories.turns_p50", STEP_ATTR_TRAJECTORY_TURNS_P50),
@@ -250,12 +263,60 @@ STEP_FIGURES: tuple[StepFigure, ...] = (
     ),
     StepFigure("staleness.stale_requests", STEP_ATTR_STALE_REQUESTS),
     # inside the engine (absent where the engine does not stamp or count them)
-    StepFigure("request_phases.queue.p90_s", STEP_ATTR_QUEUE_P90),
-    StepFigure("request_phases.queue.max_s", STEP_ATTR_QUEUE_MAX),
-    StepFigure("request_phases.prefill.p90_s", STEP_ATTR_PREFILL_P90),
-    StepFigure("request_phases.prefill.max_s", STEP_ATTR_PREFILL_MAX),
-    StepFigure("request_phases.decode.p90_s", STEP_ATTR_DECODE_P90),
-    StepFigure("request_phases.decode.max_s", STEP_ATTR_DECODE_MAX),
+    StepFigure(
+        "request_phases.queue.p90_s",
+        STEP_ATTR_QUEUE_P90,
+        STEP_QUEUE_TIME,
+        "s",
+        _PHASE.format("queue time (arrival → scheduled)"),
+        "latency_buckets",
+        "p90",
+    ),
+    StepFigure(
+        "request_phases.queue.max_s",
+        STEP_ATTR_QUEUE_MAX,
+        STEP_QUEUE_TIME,
+        "s",
+        _PHASE.format("queue time (arrival → scheduled)"),
+        "latency_buckets",
+        "max",
+    ),
+    StepFigure(
+        "request_phases.prefill.p90_s",
+        STEP_ATTR_PREFILL_P90,
+        STEP_PREFILL_TIME,
+        "s",
+        _PHASE.format("prefill time (scheduled → first token)"),
+        "latency_buckets",
+        "p90",
+    ),
+    StepFigure(
+        "request_phases.prefill.max_s",
+        STEP_ATTR_PREFILL_MAX,
+        STEP_PREFILL_TIME,
+        "s",
+        _PHASE.format("prefill time (scheduled → first token)"),
+        "latency_buckets",
+        "max",
+    ),
+    StepFigure(
+        "request_phases.decode.p90_s",
+        STEP_ATTR_DECODE_P90,
+        STEP_DECODE_TIME,
+        "s",
+        _PHASE.format("decode time (first token → finish)"),
+        "latency_buckets",
+        "p90",
+    ),
+    StepFigure(
+        "request_phases.decode.max_s",
+        STEP_ATTR_DECODE_MAX,
+        STEP_DECODE_TIME,
+        "s",
+        _PHASE.format("decode time (first token → finish)"),
+        "latency_buckets",
+        "max",
+    ),
     StepFigure(
         "cache.hit_rate",
         STEP_CACHE_HIT_RATE,

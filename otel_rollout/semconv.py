@@ -96,6 +96,11 @@ STEP_CACHE_HIT_RATE = "rollout.step.cache_hit_rate"
 """Prompt tokens found in the prefix cache ÷ prompt tokens, over the step's requests whose
 engine reports cached tokens: a step attribute and a ``rollout.step.*`` histogram."""
 STEP_ATTR_CACHED_TOKENS = "rollout.step.cached_tokens"
+STEP_QUEUE_TIME = "rollout.step.queue_time"
+STEP_PREFILL_TIME = "rollout.step.prefill_time"
+STEP_DECODE_TIME = "rollout.step.decode_time"
+"""Per-step request phases as ``rollout.step.*`` histograms: two points per step
+(``rollout.statistic`` = p90 / max over its requests), the span attributes' values."""
 STEP_ATTR_QUEUE_P90 = "rollout.step.queue_time.p90_s"
 STEP_ATTR_QUEUE_MAX = "rollout.step.queue_time.max_s"
 STEP_ATTR_PREFILL_P90 = "rollout.step.prefill_time.p90_s"

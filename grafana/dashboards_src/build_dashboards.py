@@ -425,6 +425,86 @@ def row_steps(d: db.Dashboard) -> db.Dashboard:
     return d
 
 
+def row_inside_engine(d: db.Dashboard) -> db.Dashboard:
+    """Why a step was slow, from the engines' own figures (#12): the request phases, prefix-cache
+    hits, preemptions and KV-cache pressure of each step."""
+    d = d.with_row(db.Row("Inside the engine, per training step"))
+    phases = (("A", "queue"), ("B", "prefill"), ("C", "decode"))
+    for statistic, title, description in (
+        (
+            "p90",
+            "Request phases per step: p90 of queue / prefill / decode",
+            "Where the step's requests spent their time, as the engine stamped it: queue "
+            "(arrival -> scheduled), prefill (scheduled -> first token), decode (first token -> "
+            "finish). p90 over each step's requests, mean over the steps that ended in each "
+            "interval. A long queue says the engine was full; a long prefill, long prompts or "
+            "cache misses; a long decode, long answers.",
+        ),
+        (
+            "max",
+            "Request phases per step: the slowest request's queue / prefill / decode",
+            "The maximum of each phase over each step's requests: what the straggler waited for.",
+        ),
+    ):
+        d = d.with_panel(
+            ts(
+                title,
+                "s",
+                *(
+                    prom(
+                        ref,
+                        mean_per_step(
+                            f"rollout_step_{phase}_time_seconds",
+                            f'{STEP}, rollout_statistic="{statistic}"',
+                        ),
+                        phase,
+                    )
+                    for ref, phase in phases
+                ),
+                description=description,
+                w=12,
+            )
+        )
+    d = d.with_panel(
+        ts(
+            "Prefix-cache hit rate per step",
+            "percentunit",
+            prom("A", mean_per_step("rollout_step_cache_hit_rate"), "cached / prompt tokens"),
+            description="rollout.step.cache_hit_rate: the share of the step's prompt tokens the "
+            "engine found in its prefix cache (vLLM num_cached_tokens, SGLang cached_tokens, per "
+            "request). GRPO groups share a prompt: a low rate there is lost prefill.",
+            w=8,
+        )
+    )
+    d = d.with_panel(
+        ts(
+            "Preemptions per step",
+            "short",
+            prom("A", mean_per_step("rollout_step_preemptions"), "preemptions"),
+            description="rollout.step.preemptions: times the engine evicted one of the step's "
+            "requests (KV cache full) and recomputed it later, as the engine counted them per "
+            "request. Any at all usually means the batch outgrew the KV cache.",
+            w=8,
+        )
+    )
+    d = d.with_panel(
+        ts(
+            "KV-cache usage per step: peak / mean",
+            "percentunit",
+            prom(
+                "A",
+                mean_per_step("rollout_step_engine_kv_cache_usage", by="rollout_statistic"),
+                "{{rollout_statistic}}",
+            ),
+            description="rollout.step.engine.kv_cache_usage: the engine's own KV-cache usage, "
+            "each iteration of the step (vLLM's stat-logger interface, engines with stats on). "
+            "A peak near 1 with preemptions: the cache is the bottleneck.",
+            w=8,
+        )
+    )
+    return d
+
+
 def trajectory_table(title: str, query: str, description: str, limit: int) -> table.Panel:
     return (
         table.Panel()
@@ -698,6 +778,7 @@ def rollout_long_tail() -> dm.Dashboard:
     d = row_latency(d)
     d = row_steps(d)
     d = row_engines(d)
+    d = row_inside_engine(d)
     d = row_trajectories(d)
     d = row_traces(d)
     d = d.link(

@@ -374,6 +374,9 @@ class RequestGroup:
             prompt_tokens=meta.get("prompt_tokens"),
             output_tokens=meta.get("completion_tokens"),
             cached_tokens=meta.get("cached_tokens"),
+            # SGLang's retractions (KV pool full: the request freed and recomputed later) are what
+            # vLLM calls preemptions; meta_info counts them per request in 0.5.23 (not in 0.5.8 or older).
+            preemptions=meta.get("num_retractions"),
             finish_reasons=(reason,) if reason else (),
             error=error,
             timing_source=source,

@@ -26,6 +26,7 @@ class VLLMInstrumentor(EngineInstrumentor):
     def targets(self, telemetry: Telemetry) -> list[Target]:
         watch = watch_global_tracer_provider(self.engine_name)
         stats_on = adapter.engine_init_wrapper(telemetry, watch)
+        offline_stats_on = adapter.engine_init_wrapper(telemetry, watch, offline=True)
         processor = "vllm.v1.engine.output_processor"
         serving, get_trace_headers = adapter.serving_hook()
         return [
@@ -51,8 +52,7 @@ class VLLMInstrumentor(EngineInstrumentor):
             # The OpenAI server: every endpoint reads the HTTP headers here before the engine call.
             Target(serving, get_trace_headers, adapter.server_headers_wrapper(telemetry)),
             Target("vllm.v1.engine.async_llm", "AsyncLLM.__init__", stats_on),
-            # LLMEngine keeps the plain watch: vLLM 0.11's refuses stat loggers (raises).
-            Target("vllm.v1.engine.llm_engine", "LLMEngine.__init__", watch),
+            Target("vllm.v1.engine.llm_engine", "LLMEngine.__init__", offline_stats_on),
             *self._operations(telemetry),
         ]
 

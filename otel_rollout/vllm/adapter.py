@@ -569,16 +569,27 @@ def _takes_stat_loggers(init: Callable[..., Any]) -> bool:
         return False
 
 
-def engine_init_wrapper(telemetry: Telemetry, watch: Wrapper) -> Wrapper:
-    """``AsyncLLM.__init__``: the global-provider watch, and :mod:`otel_rollout.vllm.stat_logger`
-    added to the engine's own ``stat_loggers`` argument (vLLM's interface for custom stat
-    loggers) when the engine's stats are on. Not ``LLMEngine`` (offline): vLLM 0.11's raises
-    ``NotImplementedError`` for any stat logger given.
+OFFLINE_STAT_LOGGERS = (0, 12)
+"""The first vLLM whose offline ``LLMEngine`` accepts stat loggers (0.11's raises
+``NotImplementedError`` for any given)."""
+
+
+def offline_takes_stat_loggers() -> bool:
+    release = version_tuple(module_version("vllm") or "")
+    return release is not None and release >= OFFLINE_STAT_LOGGERS
+
+
+def engine_init_wrapper(telemetry: Telemetry, watch: Wrapper, *, offline: bool = False) -> Wrapper:
+    """``AsyncLLM.__init__`` and (``offline``) ``LLMEngine.__init__``: the global-provider watch,
+    and :mod:`otel_rollout.vllm.stat_logger` added to the engine's own ``stat_loggers`` argument
+    (vLLM's interface for custom stat loggers) when the engine's stats are on. An offline engine
+    gets it from vLLM 0.12 (:data:`OFFLINE_STAT_LOGGERS`): 0.11's refuses any stat logger.
 
     Never when they are off: vLLM turns stats on for an engine given any stat logger (and for
     every ``AsyncLLM`` when a ``vllm.stat_logger_plugins`` entry point is installed, which is why
-    ours is not one), and observing must not change the engine. Stats-off engines (verl's) keep
-    their per-request engine-step timing and get no per-step engine figures.
+    ours is not one), and observing must not change the engine. Stats-off engines (verl's, and
+    ``LLM()`` by default) keep their per-request engine-step timing and get no per-step engine
+    figures.
     """
 
     def wrapper(
@@ -589,6 +600,7 @@ def engine_init_wrapper(telemetry: Telemetry, watch: Wrapper) -> Wrapper:
                 argument(args, kwargs, 2, "log_stats") is True
                 and len(args) <= 3  # stat_loggers, if given, comes as a keyword
                 and _takes_stat_loggers(wrapped)
+                and (not offline or offline_takes_stat_loggers())
             ):
                 from otel_rollout.vllm.stat_logger import RolloutStatLogger
 

@@ -4,8 +4,8 @@ vLLM calls every stat logger once per engine iteration with its ``SchedulerStats
 ``IterationStats`` (running and waiting requests, KV-cache usage, prefix-cache queries and hits,
 prompt and generated tokens, preemptions, finished requests). This class is handed to the engine
 through its own ``stat_loggers`` argument (:func:`otel_rollout.vllm.adapter.engine_init_wrapper`),
-and only to an ``AsyncLLM`` whose stats are on (its default; vLLM 0.11's offline ``LLMEngine``
-refuses stat loggers, so offline engines get none).
+and only to an engine whose stats are on: every ``AsyncLLM`` (stats on is its default), and the
+offline ``LLMEngine`` from vLLM 0.12 (0.11's refuses stat loggers, so there it gets none).
 It is not a ``vllm.stat_logger_plugins`` entry point: vLLM turns stats on for every ``AsyncLLM``
 when one is installed, and observing must not change the engine.
 

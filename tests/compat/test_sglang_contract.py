@@ -65,6 +65,10 @@ _NO_TRACE_HEADER = (
     "GenerateReqInput.external_trace_header exists only from 0.5.8: SGLang's own "
     "request spans cannot join our trace on older releases"
 )
+_NO_RETRACTIONS = (
+    "meta_info has no num_retractions through 0.5.8: those releases' requests carry no "
+    "preemption count (rollout.request.preemptions absent, never 0)"
+)
 _GATE = (
     "SGLangInstrumentor.min_version (0, 5) refuses 0.4.x although every wrapped target "
     "exists with the same shape"
@@ -81,6 +85,7 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {
         (v, "field:external_trace_header"): _NO_TRACE_HEADER
         for v in ("0.4.9.post6", "0.4.10.post2", "0.5.5", "0.5.6.post2")
     },
+    **{(v, "meta:num_retractions"): _NO_RETRACTIONS for v in VERSIONS if v != TESTED},
     **{(v, "version_gate"): _GATE for v in ("0.4.9.post6", "0.4.10.post2")},
 }
 

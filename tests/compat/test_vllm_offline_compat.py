@@ -132,3 +132,23 @@ def test_span_times_are_the_engines_own(
         assert m is not None, "RequestOutput.metrics not filled by this release"
         assert_engine_stamps(by_id[output.request_id], m, offset)
         assert by_id[output.request_id].attributes["rollout.request.queue_time"] >= 0
+
+
+def test_offline_engine_figures_per_step_from_0_12(
+    otel: OTelHarness, llm_stats: Any, vllm_module: Any
+) -> None:
+    """Offline with stats on: vLLM 0.12+ takes our stat logger and the step gets the engine's
+    figures; 0.11's ``LLMEngine`` refuses stat loggers, so it gets none (and nothing raises)."""
+    from otel_rollout import rollout_step
+    from otel_rollout.vllm.adapter import offline_takes_stat_loggers
+
+    lengths = [8, 32]
+    params = [vllm_module.SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
+    with rollout_step(5) as step:
+        outputs = llm_stats.generate(["a", "b"], params, use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outputs] == lengths
+    if offline_takes_stat_loggers():
+        assert step.stats.engine is not None
+        assert step.stats.engine.generation_tokens == sum(lengths)
+    else:
+        assert step.stats.engine is None

@@ -63,7 +63,7 @@ def instrumented(otel_session: OTelHarness, sglang_module: Any) -> Iterator[Any]
 
 
 def start_engine(sglang_module: Any, model: str, **kwargs: Any) -> Any:
-    return sglang_module.Engine(model_path=model, **ENGINE_KWARGS, **kwargs)
+    return sglang_module.Engine(model_path=model, **{**ENGINE_KWARGS, **kwargs})
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -103,3 +104,55 @@ def test_prefix_cache_hits_are_the_engines_own(otel: OTelHarness, engine_metrics
     )
     assert step.stats is not None and step.stats.cache is not None
     assert step.stats.request_phases is not None and step.stats.request_phases.decode is not None
+
+
+# SGLang admits a request when its prompt plus min(max_new_tokens, this) fits the KV pool, and
+# reserves this ratio of the running requests' remaining tokens: both low, it admits more than
+# fits and must retract (free a request's KV and recompute it later) while they decode.
+RETRACTING = {"SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": "4", "SGLANG_INIT_NEW_TOKEN_RATIO": "0.001"}
+
+
+@pytest.fixture(scope="module")
+def small_pool_engine(sglang_module: Any, tiny_model: str, instrumented: Any) -> Iterator[Any]:
+    """A 256-token KV pool for 8 requests of ~160 tokens, with an optimistic scheduler."""
+    saved = {k: os.environ.get(k) for k in RETRACTING}
+    os.environ.update(RETRACTING)  # read by the scheduler process at its start
+    try:
+        eng = start_engine(
+            sglang_module,
+            tiny_model,
+            max_total_tokens=256,
+            schedule_conservativeness=0.001,
+            # num_retractions is in meta_info with metrics off too; and a second engine with
+            # metrics on in one process collides in prometheus_client's registry
+        )
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    yield eng
+    eng.shutdown()
+
+
+def test_retractions_are_the_requests_preemptions(
+    otel: OTelHarness, small_pool_engine: Any
+) -> None:
+    """Each span's ``rollout.request.preemptions`` is SGLang's own ``num_retractions`` for that
+    request; the step's is their sum."""
+    prompts = [f"Tell me a story number {i}" for i in range(8)]
+    with rollout_step(62) as step:
+        outs = small_pool_engine.generate(
+            prompts, {"max_new_tokens": 150, "ignore_eos": True, "temperature": 0}
+        )
+    retractions = {o["meta_info"]["id"]: o["meta_info"]["num_retractions"] for o in outs}
+    assert sum(retractions.values()) > 0, "the engine retracted nothing: the test tests nothing"
+    by_id = spans_by_id(otel)
+    spans = {rid: by_id[rid].attributes["rollout.request.preemptions"] for rid in retractions}
+    assert spans == retractions
+    (step_span,) = [s for s in otel.finished_spans() if s.name == "rollout.step"]
+    assert step_span.attributes["rollout.step.preemptions"] == sum(retractions.values())
+    assert step.stats is not None and step.stats.preemptions == sum(retractions.values())
+    points = otel.metric_points("rollout.step.preemptions")
+    assert [p.sum for p in points] == [sum(retractions.values())]

@@ -1,6 +1,7 @@
 """The engine's own figures per step through vLLM's stat-logger interface (#12 item 2).
 
-The instrumentor hands our stat logger to every ``AsyncLLM`` built with stats on, to no other.
+The instrumentor hands our stat logger to every engine built with stats on (``AsyncLLM``, and the
+offline ``LLMEngine`` from vLLM 0.12), to no other.
 Over a step, the figures it summed must equal the deltas of vLLM's own Prometheus
 counters (its ``PrometheusStatLogger`` sees the same iterations in this process), and the tokens
 the step's requests really generated.
@@ -54,8 +55,9 @@ def test_stats_on_engines_get_our_logger_and_stats_off_engines_stay_off(
 ) -> None:
     """Observing never turns an engine's stats on (vLLM would, for any stat logger given)."""
     assert len(_our_loggers(engine)) == 1  # AsyncLLM, stats on by default
-    # offline engines get none (vLLM 0.11's LLMEngine raises for any stat logger given)
-    assert _our_loggers(llm_stats.llm_engine) == []
+    # LLM(disable_log_stats=False): from vLLM 0.12 (0.11's LLMEngine raises for any stat logger:
+    # tests/compat covers it)
+    assert len(_our_loggers(llm_stats.llm_engine)) == 1
     assert llm.llm_engine.log_stats is False  # LLM(): vLLM's default, untouched
     assert llm.llm_engine.logger_manager is None
 
@@ -104,6 +106,32 @@ def test_step_figures_equal_the_engines_own_counters(
     print("\n" + text)
 
 
+def test_offline_step_figures_equal_the_engines_own_counters(
+    otel: OTelHarness, llm_stats: Any, vllm_module: Any
+) -> None:
+    """``LLM(disable_log_stats=False)``: the offline engine's iterations reach the step too.
+
+    Compared with the requests' own outputs: the offline engine's Prometheus counters are no
+    longer in the registry once a later engine of the process (the session's ``AsyncLLM``)
+    registered its own."""
+    lengths = [8, 24, 64, 96]
+    params = [vllm_module.SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
+    with rollout_step(72) as step:
+        outputs = llm_stats.generate(
+            [f"offline stats {i}" for i in range(len(lengths))], params, use_tqdm=False
+        )
+    assert [len(o.outputs[0].token_ids) for o in outputs] == lengths
+    e = step.stats.engine
+    assert e is not None, "no offline iteration reached the logger"
+    assert e.generation_tokens == sum(lengths)
+    assert e.prompt_tokens == sum(len(o.prompt_token_ids) for o in outputs)
+    assert e.preemptions == step.stats.preemptions == 0
+    assert e.iterations >= max(lengths)
+    assert 0 < e.kv_cache_usage_mean <= e.kv_cache_usage_peak <= 1
+    (span,) = [s for s in otel.finished_spans() if s.name == "rollout.step"]
+    assert span.attributes["rollout.step.engine.generation_tokens"] == sum(lengths)
+
+
 def _passthrough(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return wrapped(*args, **kwargs)
 
@@ -131,3 +159,7 @@ def test_the_logger_is_added_only_when_stats_are_on(vllm_module: Any) -> None:
     kwargs = {"log_stats": True, "stat_loggers": [given]}
     assert wrapper(_init, None, ("cfg", "ex"), kwargs) == [given, RolloutStatLogger]
     assert wrapper(_old_init, None, ("cfg", "ex", True), {}) == "no stat_loggers parameter"
+    offline = adapter.engine_init_wrapper(vllm_telemetry(), _passthrough, offline=True)
+    expected = [RolloutStatLogger] if adapter.offline_takes_stat_loggers() else None
+    assert offline(_init, None, ("cfg", "ex"), {"log_stats": True}) == expected
+    assert offline(_init, None, ("cfg", "ex"), {"log_stats": False}) is None
