@@ -232,6 +232,10 @@ class EngineStepStats:
     preemptions: int
     prefix_cache_hit_rate: float | None
     aborted: int
+    source: str = "iterations"
+    """``iterations``: every engine iteration (vLLM's stat loggers); ``sampled``: the engine's
+    own metrics read when the step opened, each second and when it ended (SGLang's scheduler):
+    counts exact over the step, gauges' peak and mean over those reads, ``iterations`` the reads."""
 
 
 def analyze_engine(windows: Sequence[EngineWindow], duration_s: float) -> EngineStepStats | None:
@@ -254,6 +258,7 @@ def analyze_engine(windows: Sequence[EngineWindow], duration_s: float) -> Engine
         preemptions=w.preemptions,
         prefix_cache_hit_rate=w.prefix_cache_hit_rate,
         aborted=w.finished.get(FINISH_ABORT, 0),
+        source="sampled" if w.sampled else "iterations",
     )
 
 

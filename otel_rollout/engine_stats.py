@@ -8,13 +8,26 @@ They export these process-wide; nothing ties them to a training step. Here an en
 open in the process; the step reads its window when it ends (:func:`close`). With no step open a
 sample costs one truthiness check.
 
+An engine whose figures live in another process, where no hook of ours runs (SGLang's scheduler:
+:mod:`otel_rollout.sglang.scheduler_metrics`), registers a :data:`Poller` instead: it is read
+when a step opens and when it ends (so counters' deltas are the step's), and once a second in
+between while a step is open (gauges: their peak and mean over those samples). Such samples are
+marked ``sampled``, and the step says so (``rollout.step.engine.source``).
+
 Pure accounting, no OpenTelemetry: the step scope turns a window into span attributes.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+
+from otel_rollout.guard import PROCESS
+
+POLL_S = 1.0
+"""How often a poller is read while a step is open."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +46,9 @@ class EngineSample:
     prefix_hits: int
     finished: tuple[str, ...] = ()
     """The finish reason of each request that finished in the iteration."""
+    sampled: bool = False
+    """Read from the engine's own metrics at a moment (a :data:`Poller`), not one iteration:
+    its counts are the deltas since the previous read, its gauges their value then."""
 
 
 @dataclass
@@ -50,9 +66,11 @@ class EngineWindow:
     prefix_queries: int = 0
     prefix_hits: int = 0
     finished: dict[str, int] = field(default_factory=dict)
+    sampled: bool = False
 
     def add(self, s: EngineSample) -> None:
         self.iterations += 1
+        self.sampled = self.sampled or s.sampled
         self.running_peak = max(self.running_peak, s.running)
         self.waiting_peak = max(self.waiting_peak, s.waiting)
         self.kv_cache_usage_peak = max(self.kv_cache_usage_peak, s.kv_cache_usage)
@@ -82,6 +100,7 @@ class EngineWindow:
             self.prefix_queries + other.prefix_queries,
             self.prefix_hits + other.prefix_hits,
             finished,
+            self.sampled or other.sampled,
         )
 
     @property
@@ -99,14 +118,60 @@ _OPEN: dict[int, dict[str, EngineWindow]] = {}
 _LOCK = threading.Lock()
 
 
+Poller = Callable[[], bool]
+"""Reads one engine's figures and :func:`record`-s the change since its previous read; returns
+False once the engine is gone (it is then dropped). A failure is logged once, never raised."""
+_POLLERS: dict[Hashable, Poller] = {}
+_POLL_THREAD: threading.Thread | None = None
+
+
+def add_poller(key: Hashable, poller: Poller) -> None:
+    """Register an engine's poller (a later one under the same key replaces it) and read it once:
+    that read is its baseline."""
+    global _POLL_THREAD
+    with _LOCK:
+        _POLLERS[key] = poller
+        if _POLL_THREAD is None or not _POLL_THREAD.is_alive():  # first, or after a fork
+            _POLL_THREAD = threading.Thread(
+                target=_poll_forever, name="otel-rollout-engine-poll", daemon=True
+            )
+            _POLL_THREAD.start()
+    with PROCESS.guard("engine figures poll"):
+        poller()
+
+
+def poll() -> None:
+    """Read every poller now (a step opens or ends, or the second has passed)."""
+    for key, poller in list(_POLLERS.items()):
+        alive = True
+        with PROCESS.guard("engine figures poll"):
+            alive = poller()
+        if not alive:
+            with _LOCK:
+                if _POLLERS.get(key) is poller:
+                    del _POLLERS[key]
+
+
+def _poll_forever() -> None:
+    """The once-a-second read (a daemon thread, started with the first poller, for good)."""
+    while True:
+        time.sleep(POLL_S)
+        if _OPEN and _POLLERS:
+            poll()
+
+
 def open_window(key: int) -> None:
     """A step opened: the iterations of every engine of the process count for it from now."""
+    if _POLLERS:
+        poll()  # what the pollers' engines did before now belongs to the steps already open
     with _LOCK:
         _OPEN[key] = {}
 
 
 def close(key: int) -> dict[str, EngineWindow]:
     """A step ended: its windows, one per engine that reported an iteration during it."""
+    if _POLLERS:
+        poll()  # and what they did until now belongs to this one too
     with _LOCK:
         return _OPEN.pop(key, {})
 

@@ -29,6 +29,7 @@ from otel_rollout.semconv import (
     STEP_ATTR_ENGINE_PREFIX_HIT_RATE,
     STEP_ATTR_ENGINE_PROMPT_TOKENS,
     STEP_ATTR_ENGINE_RUNNING_PEAK,
+    STEP_ATTR_ENGINE_SOURCE,
     STEP_ATTR_ENGINE_THROUGHPUT,
     STEP_ATTR_ENGINE_WAITING_PEAK,
     STEP_ATTR_IDLE_CAPACITY,
@@ -354,6 +355,7 @@ STEP_FIGURES: tuple[StepFigure, ...] = (
     StepFigure("engine.preemptions", STEP_ATTR_ENGINE_PREEMPTIONS),
     StepFigure("engine.prefix_cache_hit_rate", STEP_ATTR_ENGINE_PREFIX_HIT_RATE),
     StepFigure("engine.aborted", STEP_ATTR_ENGINE_ABORTED),
+    StepFigure("engine.source", STEP_ATTR_ENGINE_SOURCE),
 )
 """In the step span's attribute order (README's step-span table)."""
 

@@ -123,6 +123,10 @@ STEP_ATTR_ENGINE_THROUGHPUT = "rollout.step.engine.generation_throughput"
 STEP_ATTR_ENGINE_PREEMPTIONS = "rollout.step.engine.preemptions"
 STEP_ATTR_ENGINE_PREFIX_HIT_RATE = "rollout.step.engine.prefix_cache_hit_rate"
 STEP_ATTR_ENGINE_ABORTED = "rollout.step.engine.aborted"
+STEP_ATTR_ENGINE_SOURCE = "rollout.step.engine.source"
+"""How the step's engine figures were taken: ``iterations`` (every scheduler iteration, vLLM's
+stat-logger interface) or ``sampled`` (the engine's own metrics read at the step's start, each
+second and its end: SGLang's scheduler; counts exact, gauges sampled)."""
 
 # --- weight-version staleness (otel_rollout.versions) ----------------------------------------
 STEP_ATTR_WEIGHT_VERSION = "rollout.step.weight_version"

@@ -62,6 +62,7 @@ from otel_rollout.record import (
     model_label,
     normalize_finish_reason,
 )
+from otel_rollout.sglang import scheduler_metrics
 from otel_rollout.steps import batch_in_step
 from otel_rollout.streams import ObservedAsyncStream
 from otel_rollout.telemetry import Telemetry
@@ -478,6 +479,7 @@ def generate_request_wrapper(telemetry: Telemetry) -> Wrapper:
             activity = telemetry.engine_activity(model)
             if activity.probe_owner != id(instance):  # a new engine (or the first) of this model
                 activity.probe, activity.probe_owner = output_stamp(instance), id(instance)
+                scheduler_metrics.watch(instance, model)
         return ObservedAsyncStream(stream, observer)
 
     return wrapper

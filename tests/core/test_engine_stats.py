@@ -95,3 +95,80 @@ def test_vllm_stat_objects_to_a_sample() -> None:
     assert sample(SimpleNamespace(kv_cache_usage=0.5), None) == EngineSample(
         0, 0, 0.5, 0, 0, 0, 0, 0
     )
+
+
+class _Counter:
+    """A poller over a counter the test advances (what an engine in another process would)."""
+
+    def __init__(self) -> None:
+        self.total, self.last, self.alive = 0, 0, True
+
+    def __call__(self) -> bool:
+        if self.alive:
+            engine_stats.record("polled", _sample(generation_tokens=self.total - self.last))
+            self.last = self.total
+        return self.alive
+
+
+def test_a_poller_is_read_when_a_step_opens_and_ends() -> None:
+    """What the engine did before the step opened is not the step's; all it did until the step
+    ended is, without waiting for the once-a-second read."""
+    counter = _Counter()
+    counter.total = 100  # before the poller existed: its first read is the baseline
+    engine_stats.add_poller("counter", counter)
+    try:
+        counter.total = 130  # before the step
+        engine_stats.open_window(3)
+        counter.total = 175  # during it
+        windows = engine_stats.close(3)
+        assert windows["polled"].generation_tokens == 45
+        counter.alive = False  # the engine shut down: the next read drops it
+        engine_stats.poll()
+        assert "counter" not in engine_stats._POLLERS
+    finally:
+        engine_stats._POLLERS.pop("counter", None)
+
+
+def test_sglang_metrics_to_samples() -> None:
+    """SGLang's Prometheus samples (names and labels as 0.5.23 writes them): one engine's,
+    counters as deltas, the first TP rank's gauges, KV usage the max over DP schedulers."""
+    from otel_rollout.sglang.scheduler_metrics import sample as sglang_sample
+    from otel_rollout.sglang.scheduler_metrics import totals
+
+    m = {"model_name": "tiny"}
+    rank0, rank1 = {**m, "tp_rank": "0", "dp_rank": "0"}, {**m, "tp_rank": "1", "dp_rank": "0"}
+    dp1 = {**m, "tp_rank": "0", "dp_rank": "1"}
+
+    def read(generated: float, retracted: float) -> list[tuple[str, dict[str, str], float]]:
+        return [
+            ("sglang:generation_tokens_total", {**m, "is_streaming": "false"}, generated),
+            ("sglang:generation_tokens_total", {**m, "is_streaming": "true"}, 10.0),
+            ("sglang:generation_tokens_total", {"model_name": "other"}, 999.0),
+            ("sglang:prompt_tokens_total", m, 50.0),
+            ("sglang:num_retracted_requests_total", rank0, retracted),
+            ("sglang:num_running_reqs", rank0, 3.0),
+            ("sglang:num_running_reqs", rank1, 3.0),  # the same scheduler seen from rank 1
+            ("sglang:num_running_reqs", dp1, 2.0),
+            ("sglang:num_queue_reqs", rank0, 4.0),
+            ("sglang:token_usage", rank0, 0.5),
+            ("sglang:token_usage", dp1, 0.75),
+            ("sglang:cache_hit_rate", rank0, 0.9),  # not read
+        ]
+
+    before, now = totals(read(100.0, 1.0), "tiny"), totals(read(160.0, 3.0), "tiny")
+    assert now == {
+        "generation_tokens": 170.0,
+        "prompt_tokens": 50.0,
+        "preemptions": 3.0,
+        "running": 5.0,
+        "waiting": 4.0,
+        "kv_cache_usage": 0.75,
+    }
+    s = sglang_sample(before, now)
+    assert (s.generation_tokens, s.prompt_tokens, s.preemptions) == (60, 0, 2)
+    assert (s.running, s.waiting, s.kv_cache_usage, s.sampled) == (5, 4, 0.75, True)
+    w = EngineWindow()
+    w.add(s)
+    stats = analyze_engine([w], 1.0)
+    assert stats is not None and stats.source == "sampled"
+    assert sglang_sample({"aborted": 1.0}, {"aborted": 3.0}).finished == ("abort", "abort")

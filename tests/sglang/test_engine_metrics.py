@@ -106,6 +106,55 @@ def test_prefix_cache_hits_are_the_engines_own(otel: OTelHarness, engine_metrics
     assert step.stats.request_phases is not None and step.stats.request_phases.decode is not None
 
 
+def _sglang_counters() -> dict[str, float]:
+    """SGLang's own counters as a scrape of its multiprocess directory reads them (every file,
+    the collector's full merge: independent of our reader)."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    names = ("sglang:prompt_tokens_total", "sglang:generation_tokens_total")
+    totals = dict.fromkeys(names, 0.0)
+    for family in registry.collect():
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+    return totals
+
+
+def test_step_engine_figures_are_sglangs_own(otel: OTelHarness, engine_metrics: Any) -> None:
+    """SGLang's scheduler figures over a step, read from its metrics collectors' files: tokens
+    equal the deltas of its own counters, the queue and KV-pool gauges were seen while it ran."""
+    from otel_rollout.reports.summary import format_summary
+
+    lengths = [40, 80, 120, 160, 200, 240, 280, 320]
+    before = _sglang_counters()
+    with rollout_step(63) as step:
+        outs = engine_metrics.generate(
+            [f"Write a long story, number {i}" for i in range(len(lengths))],
+            [{"max_new_tokens": n, "ignore_eos": True} for n in lengths],
+        )
+    delta = {k: v - before[k] for k, v in _sglang_counters().items()}
+    assert [o["meta_info"]["completion_tokens"] for o in outs] == lengths
+    e = step.stats.engine
+    assert e is not None and e.source == "sampled"
+    assert e.generation_tokens == sum(lengths) == delta["sglang:generation_tokens_total"]
+    prompt = sum(o["meta_info"]["prompt_tokens"] for o in outs)
+    assert e.prompt_tokens == prompt == delta["sglang:prompt_tokens_total"]
+    assert e.iterations >= 3, "not read while the step ran"  # opened, each second, ended
+    assert 1 <= e.running_peak <= len(lengths)
+    assert 0 < e.kv_cache_usage_peak <= 1
+    (span,) = [s for s in otel.finished_spans() if s.name == "rollout.step"]
+    assert span.attributes["rollout.step.engine.source"] == "sampled"
+    assert span.attributes["rollout.step.engine.generation_tokens"] == sum(lengths)
+    points = otel.metric_points("rollout.step.engine.kv_cache_usage")
+    assert sorted(p.attributes["rollout.statistic"] for p in points) == ["mean", "peak"]
+    text = format_summary(63, step.stats)
+    assert "reads | KV cache peak" in text
+    print("\n" + text)
+
+
 # SGLang admits a request when its prompt plus min(max_new_tokens, this) fits the KV pool, and
 # reserves this ratio of the running requests' remaining tokens: both low, it admits more than
 # fits and must retract (free a request's KV and recompute it later) while they decode.
