@@ -1,5 +1,8 @@
 """Step analysis: pure functions over a step's request records, nothing else.
 
+What happened inside the engine (request phases, prefix cache, the engine's own per-step
+figures) is analysed in :mod:`otel_rollout.engine_analysis`; :func:`analyze` gathers it all.
+
 No OpenTelemetry, no I/O: the same function turns the records of one process, of several Ray
 actors or of a step log read back from disk into the same :class:`StepStats`, and a test can
 recompute every figure independently from exported spans.
@@ -11,15 +14,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from otel_rollout.engine_analysis import (
+    CacheStats,
+    EngineStepStats,
+    RequestPhases,
+    analyze_cache,
+    analyze_engine,
+    analyze_request_phases,
+)
 from otel_rollout.engine_stats import EngineWindow
-from otel_rollout.record import FINISH_ABORT, FINISH_LENGTH, RequestRecord, TrajectoryRecord
+from otel_rollout.quantiles import nearest_rank
+from otel_rollout.record import FINISH_LENGTH, RequestRecord, TrajectoryRecord
 from otel_rollout.versions import as_int
-
-
-def nearest_rank(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank quantile: a value that really occurred, so it can be traced to a request."""
-    index = max(0, math.ceil(q * len(sorted_values)) - 1)
-    return sorted_values[index]
 
 
 @dataclass(frozen=True)
@@ -148,117 +154,6 @@ def analyze_staleness(
         mean=sum(lags) / len(lags),
         stale_requests=sum(1 for lag in lags if lag > 0),
         requests=len(lags),
-    )
-
-
-@dataclass(frozen=True)
-class PhaseStats:
-    """Nearest-rank p50 / p90 / max of one request phase over the requests that have it."""
-
-    requests: int
-    p50_s: float
-    p90_s: float
-    max_s: float
-
-
-@dataclass(frozen=True)
-class RequestPhases:
-    """Where the step's requests spent their time: queue (arrival → scheduled), prefill
-    (scheduled → first token), decode (first token → finish). A phase is ``None`` when no request
-    of the step has both its ends stamped by the engine (``rollout.timing.source`` says why)."""
-
-    queue: PhaseStats | None
-    prefill: PhaseStats | None
-    decode: PhaseStats | None
-
-
-@dataclass(frozen=True)
-class CacheStats:
-    """Prefix-cache hits of the step: prompt tokens the engine found cached, as it counted them
-    per request (vLLM's ``num_cached_tokens``, SGLang's ``cached_tokens``)."""
-
-    requests: int
-    """Requests whose engine reported cached tokens (the others are not in the figures)."""
-    prompt_tokens: int
-    cached_tokens: int
-
-    @property
-    def hit_rate(self) -> float:
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-
-def _phase(values: Sequence[float | None]) -> PhaseStats | None:
-    known = sorted(v for v in values if v is not None)
-    if not known:
-        return None
-    return PhaseStats(len(known), nearest_rank(known, 0.5), nearest_rank(known, 0.9), known[-1])
-
-
-def analyze_request_phases(records: Sequence[RequestRecord]) -> RequestPhases | None:
-    phases = RequestPhases(
-        _phase([r.queue_time_s for r in records]),
-        _phase([r.prefill_time_s for r in records]),
-        _phase([r.decode_time_s for r in records]),
-    )
-    return None if phases == RequestPhases(None, None, None) else phases
-
-
-def analyze_cache(records: Sequence[RequestRecord]) -> CacheStats | None:
-    reported = [r for r in records if r.cached_tokens is not None and r.prompt_tokens]
-    if not reported:
-        return None
-    return CacheStats(
-        len(reported),
-        sum(r.prompt_tokens or 0 for r in reported),
-        sum(r.cached_tokens or 0 for r in reported),
-    )
-
-
-@dataclass(frozen=True)
-class EngineStepStats:
-    """The engine's own figures over the step (:mod:`otel_rollout.engine_stats`): what its
-    scheduler counted per iteration while the step was open, summed over the process's engines."""
-
-    iterations: int
-    running_peak: int
-    waiting_peak: int
-    """Queue depth: the most requests waiting to be scheduled after any iteration."""
-    kv_cache_usage_peak: float
-    kv_cache_usage_mean: float
-    prompt_tokens: int
-    generation_tokens: int
-    generation_throughput: float
-    """Generated tokens per second of the step."""
-    preemptions: int
-    prefix_cache_hit_rate: float | None
-    aborted: int
-    source: str = "iterations"
-    """``iterations``: every engine iteration (vLLM's stat loggers); ``sampled``: the engine's
-    own metrics read when the step opened, each second and when it ended (SGLang's scheduler):
-    counts exact over the step, gauges' peak and mean over those reads, ``iterations`` the reads."""
-
-
-def analyze_engine(windows: Sequence[EngineWindow], duration_s: float) -> EngineStepStats | None:
-    if not windows:
-        return None
-    w = windows[0]
-    for other in windows[1:]:
-        w = w.merge(other)
-    if w.iterations == 0:
-        return None
-    return EngineStepStats(
-        iterations=w.iterations,
-        running_peak=w.running_peak,
-        waiting_peak=w.waiting_peak,
-        kv_cache_usage_peak=w.kv_cache_usage_peak,
-        kv_cache_usage_mean=w.kv_cache_usage_mean,
-        prompt_tokens=w.prompt_tokens,
-        generation_tokens=w.generation_tokens,
-        generation_throughput=w.generation_tokens / duration_s if duration_s > 0 else 0.0,
-        preemptions=w.preemptions,
-        prefix_cache_hit_rate=w.prefix_cache_hit_rate,
-        aborted=w.finished.get(FINISH_ABORT, 0),
-        source="sampled" if w.sampled else "iterations",
     )
 
 

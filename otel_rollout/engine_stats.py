@@ -46,6 +46,9 @@ class EngineSample:
     prefix_hits: int
     finished: tuple[str, ...] = ()
     """The finish reason of each request that finished in the iteration."""
+    spec_draft_tokens: int = 0
+    """Speculative decoding: draft tokens proposed in the iteration (0 where it is off)."""
+    spec_accepted_tokens: int = 0
     sampled: bool = False
     """Read from the engine's own metrics at a moment (a :data:`Poller`), not one iteration:
     its counts are the deltas since the previous read, its gauges their value then."""
@@ -67,6 +70,8 @@ class EngineWindow:
     prefix_hits: int = 0
     finished: dict[str, int] = field(default_factory=dict)
     sampled: bool = False
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
     def add(self, s: EngineSample) -> None:
         self.iterations += 1
@@ -80,6 +85,8 @@ class EngineWindow:
         self.preemptions += s.preemptions
         self.prefix_queries += s.prefix_queries
         self.prefix_hits += s.prefix_hits
+        self.spec_draft_tokens += s.spec_draft_tokens
+        self.spec_accepted_tokens += s.spec_accepted_tokens
         for reason in s.finished:
             self.finished[reason] = self.finished.get(reason, 0) + 1
 
@@ -101,6 +108,8 @@ class EngineWindow:
             self.prefix_hits + other.prefix_hits,
             finished,
             self.sampled or other.sampled,
+            self.spec_draft_tokens + other.spec_draft_tokens,
+            self.spec_accepted_tokens + other.spec_accepted_tokens,
         )
 
     @property

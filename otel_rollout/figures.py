@@ -30,6 +30,9 @@ from otel_rollout.semconv import (
     STEP_ATTR_ENGINE_PROMPT_TOKENS,
     STEP_ATTR_ENGINE_RUNNING_PEAK,
     STEP_ATTR_ENGINE_SOURCE,
+    STEP_ATTR_ENGINE_SPEC_ACCEPTANCE_RATE,
+    STEP_ATTR_ENGINE_SPEC_ACCEPTED_TOKENS,
+    STEP_ATTR_ENGINE_SPEC_DRAFT_TOKENS,
     STEP_ATTR_ENGINE_THROUGHPUT,
     STEP_ATTR_ENGINE_WAITING_PEAK,
     STEP_ATTR_IDLE_CAPACITY,
@@ -355,6 +358,9 @@ STEP_FIGURES: tuple[StepFigure, ...] = (
     StepFigure("engine.preemptions", STEP_ATTR_ENGINE_PREEMPTIONS),
     StepFigure("engine.prefix_cache_hit_rate", STEP_ATTR_ENGINE_PREFIX_HIT_RATE),
     StepFigure("engine.aborted", STEP_ATTR_ENGINE_ABORTED),
+    StepFigure("engine.spec_draft_tokens", STEP_ATTR_ENGINE_SPEC_DRAFT_TOKENS),
+    StepFigure("engine.spec_accepted_tokens", STEP_ATTR_ENGINE_SPEC_ACCEPTED_TOKENS),
+    StepFigure("engine.spec_acceptance_rate", STEP_ATTR_ENGINE_SPEC_ACCEPTANCE_RATE),
     StepFigure("engine.source", STEP_ATTR_ENGINE_SOURCE),
 )
 """In the step span's attribute order (README's step-span table)."""

@@ -154,6 +154,10 @@ class RequestRecord:
     span_id: int = 0
     preemptions: int | None = None
     """Times the engine preempted the request (its own count); ``None`` where not reported."""
+    spec_draft_tokens: int | None = None
+    """Speculative decoding: draft tokens proposed for the request; ``None`` where not reported."""
+    spec_accepted_tokens: int | None = None
+    """Of those, the draft tokens accepted."""
     weight_version: int | str | None = None
     """The engine's weight version when the request arrived (:mod:`otel_rollout.versions`);
     ``None`` where no version was ever seen."""

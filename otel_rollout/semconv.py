@@ -25,6 +25,11 @@ ROLLOUT_CACHED_TOKENS = "rollout.usage.cached_tokens"
 ROLLOUT_PREEMPTIONS = "rollout.request.preemptions"
 """Times the engine preempted the request (KV cache full: evicted, later recomputed), as the
 engine counted them; absent where the engine does not report it."""
+ROLLOUT_SPEC_DRAFT_TOKENS = "rollout.request.spec_decode.draft_tokens"
+"""Draft tokens speculative decoding proposed for the request (the engine's own count; absent
+where the engine does not report it per request: vLLM with ``per_request_spec_decode_metrics``)."""
+ROLLOUT_SPEC_ACCEPTED_TOKENS = "rollout.request.spec_decode.accepted_tokens"
+"""Of those, the draft tokens the target model accepted."""
 STEP_ATTR_PREEMPTIONS = "rollout.step.preemptions"
 """Σ of the step's requests' preemptions (only requests whose engine reports them)."""
 ROLLOUT_TIMING_SOURCE = "rollout.timing.source"
@@ -123,6 +128,11 @@ STEP_ATTR_ENGINE_THROUGHPUT = "rollout.step.engine.generation_throughput"
 STEP_ATTR_ENGINE_PREEMPTIONS = "rollout.step.engine.preemptions"
 STEP_ATTR_ENGINE_PREFIX_HIT_RATE = "rollout.step.engine.prefix_cache_hit_rate"
 STEP_ATTR_ENGINE_ABORTED = "rollout.step.engine.aborted"
+STEP_ATTR_ENGINE_SPEC_DRAFT_TOKENS = "rollout.step.engine.spec_decode.draft_tokens"
+STEP_ATTR_ENGINE_SPEC_ACCEPTED_TOKENS = "rollout.step.engine.spec_decode.accepted_tokens"
+STEP_ATTR_ENGINE_SPEC_ACCEPTANCE_RATE = "rollout.step.engine.spec_decode.acceptance_rate"
+"""Speculative decoding over the step (vLLM's ``SpecDecodingStats`` each iteration): draft
+tokens proposed, accepted, and accepted ÷ proposed; absent where the engine drafted nothing."""
 STEP_ATTR_ENGINE_SOURCE = "rollout.step.engine.source"
 """How the step's engine figures were taken: ``iterations`` (every scheduler iteration, vLLM's
 stat-logger interface) or ``sampled`` (the engine's own metrics read at the step's start, each

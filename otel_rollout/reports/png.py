@@ -164,6 +164,9 @@ def _title(entry: Mapping[str, Any]) -> str:
     )
     if trace_id:
         tail += f" · trace {trace_id}"
+    inside = _inside_engine(s)
+    if inside:
+        tail += "\n" + inside
     t = s.get("trajectories")
     if t:
         tail += (
@@ -172,6 +175,25 @@ def _title(entry: Mapping[str, Any]) -> str:
             f"time in tools {t['tool_share']:.0%}, generation {t['generation_share']:.0%}"
         )
     return f"{head}\n{tail}"
+
+
+def _inside_engine(s: Mapping[str, Any]) -> str:
+    """Why the step was slow, from the engine's own figures where it reported them: preemptions,
+    prefix-cache hits and KV-cache pressure (each absent from a step that lacks it)."""
+    parts = []
+    if s.get("preemptions") is not None:
+        parts.append(f"preemptions {s['preemptions']}")
+    cache = s.get("cache")
+    if cache and cache.get("prompt_tokens"):
+        rate = cache["cached_tokens"] / cache["prompt_tokens"]
+        parts.append(f"prefix cache {rate:.0%} of {cache['prompt_tokens']} prompt tokens")
+    engine = s.get("engine")
+    if engine:
+        parts.append(
+            f"KV cache peak {engine['kv_cache_usage_peak']:.0%} mean "
+            f"{engine['kv_cache_usage_mean']:.0%} · waiting peak {engine['waiting_peak']}"
+        )
+    return " · ".join(parts)
 
 
 def _waterfall(ax: Axes, requests: list[dict[str, Any]], stats: Mapping[str, Any]) -> None:

@@ -378,6 +378,9 @@ class RequestGroup:
             # SGLang's retractions (KV pool full: the request freed and recomputed later) are what
             # vLLM calls preemptions; meta_info counts them per request in 0.5.23 (not in 0.5.8 or older).
             preemptions=meta.get("num_retractions"),
+            # with speculative decoding on (0.5.23): draft tokens proposed and accepted
+            spec_draft_tokens=meta.get("spec_num_proposed_drafts"),
+            spec_accepted_tokens=meta.get("spec_num_correct_drafts"),
             finish_reasons=(reason,) if reason else (),
             error=error,
             timing_source=source,

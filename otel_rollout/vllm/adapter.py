@@ -133,6 +133,21 @@ def _fill_sampling(record: RequestRecord, params: Any) -> None:
     record.n = getattr(params, "n", None)
 
 
+def spec_decode(choices: Sequence[Any]) -> tuple[int | None, int | None]:
+    """Draft tokens proposed and accepted for a request, summed over its samples, from vLLM's
+    per-sequence ``spec_decode_metrics`` (``RequestSpecDecodeMetrics``: ``histogram[j]`` verify
+    steps accepted ``j`` drafts). vLLM fills it only with ``per_request_spec_decode_metrics`` set
+    and speculative decoding on; otherwise ``(None, None)``: not reported, never 0."""
+    drafted = accepted = None
+    for choice in choices:
+        metrics = getattr(choice, "spec_decode_metrics", None)
+        if metrics is None:
+            continue
+        drafted = (drafted or 0) + int(metrics.num_draft_tokens)
+        accepted = (accepted or 0) + sum(j * n for j, n in enumerate(metrics.histogram))
+    return drafted, accepted
+
+
 def record_from_output(
     output: RequestOutput,
     operation: str,
@@ -168,6 +183,7 @@ def record_from_output(
     choices = output.outputs or []
     if output_tokens is None:
         output_tokens = sum(len(c.token_ids) for c in choices)
+    drafted, accepted = spec_decode(choices)
     record = RequestRecord(
         provider=PROVIDER,
         model=model,
@@ -183,6 +199,8 @@ def record_from_output(
         finish_reasons=tuple(r for c in choices if (r := normalize_finish_reason(c.finish_reason))),
         timing_source=source,
         preemptions=preemptions,
+        spec_draft_tokens=drafted,
+        spec_accepted_tokens=accepted,
     )
     if capture:
         record.prompt_text = output.prompt

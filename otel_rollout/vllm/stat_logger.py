@@ -29,6 +29,7 @@ __all__ = ["RolloutStatLogger", "sample"]  # noqa: F822  # the class is made on 
 def sample(scheduler_stats: Any, iteration_stats: Any) -> engine_stats.EngineSample:
     """One iteration's figures from vLLM's stat objects (either may be ``None``)."""
     prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
+    spec = getattr(scheduler_stats, "spec_decoding_stats", None)
     finished = getattr(iteration_stats, "finished_requests", None) or ()
     reasons = []
     for request in finished:
@@ -45,6 +46,8 @@ def sample(scheduler_stats: Any, iteration_stats: Any) -> engine_stats.EngineSam
         prefix_queries=int(getattr(prefix, "queries", 0) or 0),
         prefix_hits=int(getattr(prefix, "hits", 0) or 0),
         finished=tuple(reasons),
+        spec_draft_tokens=int(getattr(spec, "num_draft_tokens", 0) or 0),
+        spec_accepted_tokens=int(getattr(spec, "num_accepted_tokens", 0) or 0),
     )
 
 

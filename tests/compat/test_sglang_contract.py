@@ -69,6 +69,10 @@ _NO_RETRACTIONS = (
     "meta_info has no num_retractions through 0.5.8: those releases' requests carry no "
     "preemption count (rollout.request.preemptions absent, never 0)"
 )
+_NO_SPEC_COUNTS = (
+    "meta_info has no spec_num_proposed_drafts / spec_num_correct_drafts through 0.5.8 (only "
+    "spec_verify_ct): their requests carry no speculative-decoding counts"
+)
 _GATE = (
     "SGLangInstrumentor.min_version (0, 5) refuses 0.4.x although every wrapped target "
     "exists with the same shape"
@@ -86,6 +90,12 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {
         for v in ("0.4.9.post6", "0.4.10.post2", "0.5.5", "0.5.6.post2")
     },
     **{(v, "meta:num_retractions"): _NO_RETRACTIONS for v in VERSIONS if v != TESTED},
+    **{
+        (v, f"meta:{key}"): _NO_SPEC_COUNTS
+        for v in VERSIONS
+        if v != TESTED
+        for key in ("spec_num_proposed_drafts", "spec_num_correct_drafts")
+    },
     **{(v, "version_gate"): _GATE for v in ("0.4.9.post6", "0.4.10.post2")},
 }
 

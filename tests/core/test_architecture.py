@@ -67,7 +67,14 @@ def test_no_import_cycle_in_the_package() -> None:
 
 def test_analysis_and_reports_do_not_touch_the_sdk() -> None:
     """Pure analysis and the reports stay free of OTel set-up: the CLI renders logs anywhere."""
-    for relative in ("analysis.py", "reports/summary.py", "reports/steplog.py", "reports/png.py"):
+    for relative in (
+        "analysis.py",
+        "engine_analysis.py",
+        "quantiles.py",
+        "reports/summary.py",
+        "reports/steplog.py",
+        "reports/png.py",
+    ):
         text = (PACKAGE / relative).read_text()
         assert "opentelemetry" not in text, relative
         assert "otel_rollout.telemetry" not in text, relative

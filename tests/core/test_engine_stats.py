@@ -172,3 +172,29 @@ def test_sglang_metrics_to_samples() -> None:
     stats = analyze_engine([w], 1.0)
     assert stats is not None and stats.source == "sampled"
     assert sglang_sample({"aborted": 1.0}, {"aborted": 3.0}).finished == ("abort", "abort")
+
+
+def test_the_png_title_says_what_happened_inside_the_engine() -> None:
+    """The step PNG's title line of preemptions, prefix-cache hits and KV pressure, read from the
+    step log's stats (``asdict`` of the analysis), and nothing for a step without them."""
+    from dataclasses import asdict
+
+    from otel_rollout.analysis import analyze
+    from otel_rollout.reports.png import _inside_engine
+    from testkit.records import make_record
+
+    records = [
+        make_record("m", request_id=f"r{i}", prompt_tokens=100, cached_tokens=c, preemptions=p)
+        for i, (c, p) in enumerate(((80, 0), (40, 2)))
+    ]
+    window = EngineWindow()
+    window.add(_sample(kv_cache_usage=0.9, waiting=6))
+    window.add(_sample(kv_cache_usage=0.5))
+    stats = analyze(records, 3.0, engine_windows=[window])
+    assert stats is not None
+    assert _inside_engine(asdict(stats)) == (
+        "preemptions 2 · prefix cache 60% of 200 prompt tokens · KV cache peak 90% mean 70% · "
+        "waiting peak 6"
+    )
+    bare = analyze([make_record("m", cached_tokens=None)], 3.0)
+    assert bare is not None and _inside_engine(asdict(bare)) == ""
