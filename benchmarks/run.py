@@ -4,7 +4,7 @@ or the full run, which writes ``benchmarks/results.json`` and the table in ``ben
     VPY=$(scripts/engine-env vllm)/bin/python; export MODEL=$(scripts/tiny-model)
     $VPY benchmarks/run.py --smoke            # CI
     $VPY benchmarks/run.py                    # everything (~15-20 min on 2 cores)
-    $VPY benchmarks/run.py --only cost,scale  # some of: cost scale memory engine export
+    $VPY benchmarks/run.py --only cost,scale  # some of: cost scale memory engine export engine_figures
 
 The full run starts each benchmark in a fresh process (one global OTel provider per process,
 clean RSS for the memory figure, AsyncLLM needs a ``__main__`` file). Missing a goal never makes
@@ -25,7 +25,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-ALL = ("cost", "scale", "memory", "engine", "export")
+ALL = ("cost", "scale", "memory", "engine", "export", "engine_figures")
 MIB = 2**20
 
 
@@ -33,6 +33,7 @@ def smoke(with_engine: bool) -> int:
     """Everything engine-free in this one process (one vLLM import), export children fake."""
     import _common as C
     import bench_cost
+    import bench_engine_figures
     import bench_exit
     import bench_export
     import bench_http
@@ -48,6 +49,7 @@ def smoke(with_engine: bool) -> int:
         ("export", lambda: bench_export.run(True)),
         ("http", lambda: bench_http.run(True)),
         ("exit", lambda: bench_exit.run(True)),
+        ("engine_figures", lambda: bench_engine_figures.run(True)),
     ]
     for name, fn in steps:
         start = time.monotonic()
