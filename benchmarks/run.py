@@ -4,7 +4,7 @@ or the full run, which writes ``benchmarks/results.json`` and the table in ``ben
     VPY=$(scripts/engine-env vllm)/bin/python; export MODEL=$(scripts/tiny-model)
     $VPY benchmarks/run.py --smoke            # CI
     $VPY benchmarks/run.py                    # everything (~15-20 min on 2 cores)
-    $VPY benchmarks/run.py --only cost,scale  # some of: cost scale memory engine export engine_figures
+    $VPY benchmarks/run.py --only cost,scale  # some of: cost scale memory engine export engine_figures sampling
 
 The full run starts each benchmark in a fresh process (one global OTel provider per process,
 clean RSS for the memory figure, AsyncLLM needs a ``__main__`` file). Missing a goal never makes
@@ -25,7 +25,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-ALL = ("cost", "scale", "memory", "engine", "export", "engine_figures")
+ALL = ("cost", "scale", "memory", "engine", "export", "engine_figures", "sampling")
 MIB = 2**20
 
 
@@ -38,6 +38,7 @@ def smoke(with_engine: bool) -> int:
     import bench_export
     import bench_http
     import bench_memory
+    import bench_sampling
     import bench_scale
 
     failures = 0
@@ -50,6 +51,7 @@ def smoke(with_engine: bool) -> int:
         ("http", lambda: bench_http.run(True)),
         ("exit", lambda: bench_exit.run(True)),
         ("engine_figures", lambda: bench_engine_figures.run(True)),
+        ("sampling", lambda: bench_sampling.run(True)),
     ]
     for name, fn in steps:
         start = time.monotonic()

@@ -170,6 +170,9 @@ class RolloutConfig:
     stall_timeout: float = 120.0
     step_wait: float = 5.0
     emit_queue: int = 262_144
+    sample_rate: float = 1.0
+    sample_tail: float = 0.95
+    sample_min_step: int = 64
     report_dir: str | None = None
     step_log: str | None = None
     http_paths: tuple[str, ...] = ("/v1/completions", "/v1/chat/completions", "/generate")
@@ -241,6 +244,13 @@ def _quantile(raw: str) -> float:
     value = _finite(raw)
     if not 0.0 < value < 1.0:
         raise ConfigError("must lie strictly between 0 and 1")
+    return value
+
+
+def _share(raw: str) -> float:
+    value = _finite(raw)
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError("must lie between 0 and 1")
     return value
 
 
@@ -398,6 +408,28 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "and metric points off the caller's thread; beyond it their spans are dropped (counted "
         "in rollout.telemetry.dropped) and their metric points recorded in the caller, so "
         "counts stay complete. 0 emits inline, in the caller (synchronous).",
+    ),
+    Setting(
+        "OTEL_ROLLOUT_SAMPLE_RATE",
+        "sample_rate",
+        _share,
+        "Step-aware sampling of request spans: the share of a large step's ordinary requests "
+        "whose spans are kept (by span id). Errors, aborts, truncations and the step's tail "
+        "are kept besides; metric points are recorded for every request, exemplars name only "
+        "kept spans. 1 (the default) keeps every span; 0.02 keeps about 8 % of a large step's.",
+    ),
+    Setting(
+        "OTEL_ROLLOUT_SAMPLE_TAIL",
+        "sample_tail",
+        _quantile,
+        "Step-aware sampling: a request finishing after this share of its step's requests had "
+        "finished is a straggler, and its span is kept.",
+    ),
+    Setting(
+        "OTEL_ROLLOUT_SAMPLE_MIN_STEP",
+        "sample_min_step",
+        _int_range(0, 1_000_000_000),
+        "Step-aware sampling: a step with at most this many requests started keeps every span.",
     ),
     Setting(
         "OTEL_ROLLOUT_REPORT_DIR",

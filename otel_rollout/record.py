@@ -158,6 +158,9 @@ class RequestRecord:
     """Speculative decoding: draft tokens proposed for the request; ``None`` where not reported."""
     spec_accepted_tokens: int | None = None
     """Of those, the draft tokens accepted."""
+    kept: str | None = "all"
+    """Why the request's span is made (:mod:`otel_rollout.sampling`), ``None``: sampled out
+    (its metric points are recorded all the same, with no exemplar)."""
     weight_version: int | str | None = None
     """The engine's weight version when the request arrived (:mod:`otel_rollout.versions`);
     ``None`` where no version was ever seen."""

@@ -35,6 +35,7 @@ from otel_rollout.analysis import StepStats, analyze
 from otel_rollout.config import RolloutConfig, load_config
 from otel_rollout.context import current_step, step_number, with_step
 from otel_rollout.decorating import each_call_in
+from otel_rollout.sampling import StepSampling
 from otel_rollout.telemetry import (
     StepTelemetry,
     Telemetry,
@@ -141,6 +142,8 @@ class StepScope:
         reports (summary, step log, PNG lane)."""
         self.started = 0
         """Requests of this step that entered an engine of this process so far."""
+        self.sampling = StepSampling()
+        """Which of its request spans are kept (:mod:`otel_rollout.sampling`)."""
 
     # --- collection -------------------------------------------------------------------------
 

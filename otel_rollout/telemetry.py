@@ -18,6 +18,7 @@ scopes and the emitter wiring; everything else was moved out (issue #27).
 from __future__ import annotations
 
 import os
+import random
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as Ge
 from opentelemetry.semconv.attributes import error_attributes
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
+from otel_rollout import sampling
 from otel_rollout.activity import EngineActivity, meter_observers
 from otel_rollout.attributes import (
     base_attributes,
@@ -46,6 +48,7 @@ from otel_rollout.emitter import PACE_WAIT_S, Emitter, Pacer
 from otel_rollout.guard import LogOnce
 from otel_rollout.ids import PresetIds
 from otel_rollout.instruments import RequestInstruments, StepInstruments
+from otel_rollout.sampling import SamplingPolicy
 from otel_rollout.sdk import drain_before_provider_flush
 from otel_rollout.sdk_internals import preset_tracer
 from otel_rollout.semconv import (
@@ -125,6 +128,7 @@ class Telemetry:
         self.tracer = tracer
         self.config = config
         self.log = LogOnce()
+        self._policy: tuple[RolloutConfig, SamplingPolicy] | None = None
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
         self._meter = meter
@@ -183,6 +187,10 @@ class Telemetry:
             step = current_step(ctx)
             if step is not None:
                 step.requests_started(count)
+            if not self._sampling.keeps_all:
+                state = sampling.state_for(ctx)
+                if state is not None:
+                    state.requests_started(count)
             return self.engine_activity(model).change(count, operation)
         return None
 
@@ -269,9 +277,11 @@ class Telemetry:
                 self._resolve_proxy()
             self._stamp_weight_versions(records)
             if capacity <= 0 or self._preset is None:
+                self._sample(records, parent)
                 self._emit_inline(records, parent)
                 return
             self._assign_ids(records, parent)
+            self._sample(records, parent)
             for collector in collectors(parent):
                 for record in records:
                     collector.observe(record)
@@ -283,6 +293,35 @@ class Telemetry:
                 # points cost CPU only, so the caller records them now (~10 µs each).
                 for record in records[len(records) - refused :]:
                     self._record_points(record, _NO_SPAN)
+
+    @property
+    def _sampling(self) -> SamplingPolicy:
+        """The sampling settings of the current config (a re-instrumentation may replace it)."""
+        cached, config = self._policy, self.config
+        if cached is None or cached[0] is not config:
+            policy = SamplingPolicy(
+                config.sample_rate,
+                config.sample_tail,
+                config.sample_min_step,
+            )
+            cached = self._policy = (config, policy)
+        return cached[1]
+
+    def _sample(self, records: Sequence[RequestRecord], parent: Context) -> None:
+        """Step-aware sampling (:mod:`otel_rollout.sampling`): which of these spans are made.
+        Decided here, in the caller, in the order the requests finished."""
+        policy = self._sampling
+        if policy.keeps_all:
+            return
+        state = sampling.state_for(parent)
+        if state is None:
+            return  # outside any step: every span
+        for record in records:
+            if not record.span_id:  # inline emission draws its ids at start_span: pick by one
+                record.span_id = random.getrandbits(64) or 1
+            record.kept = state.decide(record, policy)
+            if record.kept is None:
+                record.span_id = 0  # no span: nothing may name one
 
     def _resolve_proxy(self) -> None:
         """Made before the SDK was set up: once it is, the emitter gets a tracer of its own."""
@@ -299,7 +338,10 @@ class Telemetry:
         observers = collectors(parent)
         every = _pace_every()
         for done, record in enumerate(records, 1):
-            self._emit(record, parent, self.tracer, None)
+            if record.kept is None:
+                self._record_points(record, _NO_SPAN)
+            else:
+                self._emit(record, parent, self.tracer, None)
             for collector in observers:
                 collector.observe(record)
             if done % every == 0:
@@ -347,7 +389,7 @@ class Telemetry:
         )
         for record in records:
             with guard:  # one record's failure does not cost the others their telemetry
-                if spans:
+                if spans and record.kept is not None:
                     self._emit(record, parent, tracer, preset)
                 else:
                     self._record_points(record, _NO_SPAN)

@@ -63,3 +63,19 @@ def vllm_telemetry() -> Telemetry:
         if isinstance(cell.cell_contents, Telemetry):
             return cell.cell_contents
     raise AssertionError("vLLM is not instrumented")
+
+
+TINY_VOCAB = 1024
+"""The tiny test model's vocabulary."""
+
+
+def stop_after(sampling_params: Any, n: int) -> Any:
+    """vLLM ``SamplingParams`` for a request that generates ``n`` tokens and then stops on its
+    own (``finish_reason`` ``stop``), not at ``max_tokens``: half the vocabulary stops it once
+    ``min_tokens`` are out, as an EOS would. Not all of it: vLLM
+    masks the stop tokens until ``min_tokens``, and a fully masked vocabulary has nothing left
+    to sample. 64 tokens of slack: ending at ``max_tokens`` would take 64 draws in a row from the
+    other half."""
+    return sampling_params(
+        min_tokens=n, max_tokens=n + 64, stop_token_ids=list(range(0, TINY_VOCAB, 2))
+    )

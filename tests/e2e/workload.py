@@ -21,7 +21,7 @@ from typing import Any
 from otel_rollout import rollout_phase, rollout_step
 from otel_rollout.sdk import force_flush
 from otel_rollout.trajectories import rollout_scoring, rollout_tool, rollout_trajectory
-from testkit.engines import VLLM_KWARGS, long_tail_lengths, vllm_environment
+from testkit.engines import VLLM_KWARGS, long_tail_lengths, stop_after, vllm_environment
 
 
 def agentic(llm: Any, prompts: list[str], params: list[Any], agents: int) -> list[Any]:
@@ -71,6 +71,12 @@ def main() -> None:
         help="split each step's prompts over this many agentic trajectories, each a generate, "
         "a real tool call (a subprocess) and a scoring",
     )
+    parser.add_argument(
+        "--natural-stops",
+        action="store_true",
+        help="requests stop (finish_reason stop) right after their length instead of at "
+        "max_tokens; every 100th still truncated (finish_reason length)",
+    )
     args = parser.parse_args()
     vllm_environment()
     import vllm
@@ -78,7 +84,12 @@ def main() -> None:
     llm = vllm.LLM(model=args.model, disable_log_stats=not args.engine_stats, **VLLM_KWARGS)
     for step in range(1, args.steps + 1):
         lengths = long_tail_lengths(args.batch, seed=step, high=160)
-        params = [vllm.SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
+        params = [
+            vllm.SamplingParams(max_tokens=n, ignore_eos=True)
+            if not args.natural_stops or i % 100 == 0
+            else stop_after(vllm.SamplingParams, n)
+            for i, n in enumerate(lengths)
+        ]
         prompts = [f"step {step} prompt {i}" for i in range(len(lengths))]
         with rollout_step(step):
             if not args.phases:

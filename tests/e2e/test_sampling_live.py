@@ -1,0 +1,111 @@
+"""Step-aware sampling end to end (issue #19): a real instrumented vLLM run under
+``opentelemetry-instrument`` with ``OTEL_ROLLOUT_SAMPLE_RATE=0.02``, its spans over real OTLP,
+its metrics scraped by a real Prometheus (native histograms).
+
+Every request is counted in Prometheus; only a share of the request spans arrives; every exemplar
+Prometheus stores names a span that arrived (a click on a bucket never leads nowhere).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from testkit.otlp_receiver import OTLPReceiver, attr
+from testkit.prometheus import Prometheus, free_port
+from testkit.workload_runner import REPO, instrument_command, workload_env
+
+pytestmark = [pytest.mark.vllm, pytest.mark.prometheus]
+
+STEPS, BATCH = 2, 300
+NATIVE = "gen_ai_server_request_duration_seconds"
+
+
+class Run:
+    def __init__(self, prom: Prometheus, truth: list[Any], receiver: OTLPReceiver) -> None:
+        self.prom, self.truth, self.receiver = prom, truth, receiver
+
+    def request_spans(self) -> list[Any]:
+        return [
+            s for s in self.receiver.spans() if attr(s.attributes, "gen_ai.usage.output_tokens")
+        ]
+
+
+@pytest.fixture(scope="module")
+def sampled_run(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: str, vllm_module: Any
+) -> Iterator[Run]:
+    port = free_port()
+    prom = Prometheus(tmp_path_factory.mktemp("prom-sampled"), port, native=True)
+    receiver = OTLPReceiver().start()
+    env = workload_env(
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_METRICS_EXPORTER="rollout_prometheus",
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint,
+        OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
+        OTEL_EXPORTER_PROMETHEUS_PORT=str(port),
+        OTEL_ROLLOUT_SAMPLE_RATE="0.02",
+    )
+    proc = subprocess.Popen(
+        instrument_command(
+            "--model",
+            tiny_model,
+            "--steps",
+            str(STEPS),
+            "--batch",
+            str(BATCH),
+            "--natural-stops",
+            "--linger",
+        ),
+        env=env,
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    truth: list[Any] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("{"):
+                truth.append(json.loads(line))
+            if line.strip() == "DONE":
+                break
+        assert proc.poll() is None, "workload exited before lingering"
+        prom.wait_for(f"histogram_count(sum({NATIVE})) == {len(truth)}")
+        receiver.wait_for(
+            lambda r: (
+                sum(1 for s in r.spans() if attr(s.attributes, "rollout.step.requests")) == STEPS
+            )
+        )
+        time.sleep(3)  # the last scrape after the last export
+        yield Run(prom, truth, receiver)
+    finally:
+        if proc.stdin:
+            proc.stdin.close()
+        proc.wait(timeout=60)
+        receiver.stop()
+        prom.stop()
+
+
+def test_counts_are_complete_spans_are_sampled_and_exemplars_resolve(sampled_run: Run) -> None:
+    n = len(sampled_run.truth)
+    assert n == STEPS * BATCH
+    assert sampled_run.prom.scalar(f"histogram_count(sum({NATIVE}))") == n  # every request
+    spans = sampled_run.request_spans()
+    share = len(spans) / n
+    print(f"\nkept {len(spans)} of {n} request spans ({share:.1%})")
+    assert share <= 0.10
+    reasons = [attr(s.attributes, "rollout.sampling.reason") for s in spans]
+    assert reasons.count("truncated") == STEPS * BATCH // 100  # every truncation
+    assert set(reasons) <= {"truncated", "tail", "rate"}
+    assert reasons.count("tail") >= STEPS * int(0.04 * BATCH)  # the stragglers
+    exemplars = sampled_run.prom.exemplars(NATIVE)
+    assert exemplars
+    assert {e["labels"]["span_id"] for e in exemplars} <= {s.span_id.hex() for s in spans}
