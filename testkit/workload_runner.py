@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,3 +56,32 @@ def run_workload(model: str, env: dict[str, str], *args: str, timeout: float = 2
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+@contextmanager
+def lingering_workload(model: str, env: dict[str, str], *args: str) -> Iterator[list[Any]]:
+    """Run with ``--linger``: yields the per-request truth lines once the workload printed
+    ``DONE`` and stays alive (a scraper can still read its metrics endpoint); ends it on exit."""
+    proc = subprocess.Popen(
+        instrument_command("--model", model, *args, "--linger"),
+        env=env,
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    truth: list[Any] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("{"):
+                truth.append(json.loads(line))
+            if line.strip() == "DONE":
+                break
+        assert proc.poll() is None, "workload exited before lingering"
+        yield truth
+    finally:
+        if proc.stdin:
+            proc.stdin.close()
+        proc.wait(timeout=60)

@@ -12,10 +12,8 @@ within 10 % of the true quantiles of the request spans; classic ones within thei
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +24,7 @@ from otel_rollout.config import DEFAULT_LATENCY_BUCKETS
 from testkit.otlp_receiver import OTLPReceiver, attr
 from testkit.prometheus import Prometheus, free_port
 from testkit.promql import all_promql_expressions
-from testkit.workload_runner import REPO, instrument_command, workload_env
+from testkit.workload_runner import REPO, lingering_workload, workload_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.prometheus]
 
@@ -77,52 +75,33 @@ def scraped_run(
         OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
         OTEL_EXPORTER_PROMETHEUS_PORT=str(metrics_port),
     )
-    proc = subprocess.Popen(
-        instrument_command(
-            "--model",
-            tiny_model,
-            "--steps",
-            str(STEPS),
-            "--batch",
-            str(BATCH),
-            "--linger",
-            "--engine-stats",
-            "--phases",  # the dashboard's phase panel must have data too
-            "--weight-sync",  # and its weight-sync, engine-time and staleness panels
-            "--agents",  # and its trajectory row
-            "2",
-        ),
-        env=env,
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+    workload = lingering_workload(
+        tiny_model,
+        env,
+        "--steps",
+        str(STEPS),
+        "--batch",
+        str(BATCH),
+        "--engine-stats",
+        "--phases",  # the dashboard's phase panel must have data too
+        "--weight-sync",  # and its weight-sync, engine-time and staleness panels
+        "--agents",  # and its trajectory row
+        "2",
     )
-    truth: list[Any] = []
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("{"):
-                truth.append(json.loads(line))
-            if line.strip() == "DONE":
-                break
-        assert proc.poll() is None, "workload exited before lingering"
-        receiver.wait_for(
-            lambda r: (
-                sum(1 for s in r.spans() if attr(s.attributes, "gen_ai.usage.output_tokens"))
-                == len(truth)
+        with workload as truth:
+            receiver.wait_for(
+                lambda r: (
+                    sum(1 for s in r.spans() if attr(s.attributes, "gen_ai.usage.output_tokens"))
+                    == len(truth)
+                )
             )
-        )
-        native.wait_for(f"histogram_count(sum({NATIVE})) == {len(truth)}")
-        classic.wait_for(f'sum({NATIVE}_bucket{{le="+Inf"}}) == {len(truth)}')
-        # Let rules evaluate and rate windows fill: several scrapes after the last request.
-        time.sleep(6)
-        yield Run(native, classic, truth, receiver)
+            native.wait_for(f"histogram_count(sum({NATIVE})) == {len(truth)}")
+            classic.wait_for(f'sum({NATIVE}_bucket{{le="+Inf"}}) == {len(truth)}')
+            # Let rules evaluate and rate windows fill: several scrapes after the last request.
+            time.sleep(6)
+            yield Run(native, classic, truth, receiver)
     finally:
-        if proc.stdin:
-            proc.stdin.close()
-        proc.wait(timeout=60)
         receiver.stop()
         native.stop()
         classic.stop()

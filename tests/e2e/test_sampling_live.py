@@ -8,8 +8,6 @@ Prometheus stores names a span that arrived (a click on a bucket never leads now
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +16,7 @@ import pytest
 
 from testkit.otlp_receiver import OTLPReceiver, attr
 from testkit.prometheus import Prometheus, free_port
-from testkit.workload_runner import REPO, instrument_command, workload_env
+from testkit.workload_runner import lingering_workload, workload_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.prometheus]
 
@@ -51,45 +49,21 @@ def sampled_run(
         OTEL_EXPORTER_PROMETHEUS_PORT=str(port),
         OTEL_ROLLOUT_SAMPLE_RATE="0.02",
     )
-    proc = subprocess.Popen(
-        instrument_command(
-            "--model",
-            tiny_model,
-            "--steps",
-            str(STEPS),
-            "--batch",
-            str(BATCH),
-            "--natural-stops",
-            "--linger",
-        ),
-        env=env,
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+    workload = lingering_workload(
+        tiny_model, env, "--steps", str(STEPS), "--batch", str(BATCH), "--natural-stops"
     )
-    truth: list[Any] = []
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("{"):
-                truth.append(json.loads(line))
-            if line.strip() == "DONE":
-                break
-        assert proc.poll() is None, "workload exited before lingering"
-        prom.wait_for(f"histogram_count(sum({NATIVE})) == {len(truth)}")
-        receiver.wait_for(
-            lambda r: (
-                sum(1 for s in r.spans() if attr(s.attributes, "rollout.step.requests")) == STEPS
+        with workload as truth:
+            prom.wait_for(f"histogram_count(sum({NATIVE})) == {len(truth)}")
+            receiver.wait_for(
+                lambda r: (
+                    sum(1 for s in r.spans() if attr(s.attributes, "rollout.step.requests"))
+                    == STEPS
+                )
             )
-        )
-        time.sleep(3)  # the last scrape after the last export
-        yield Run(prom, truth, receiver)
+            time.sleep(3)  # the last scrape after the last export
+            yield Run(prom, truth, receiver)
     finally:
-        if proc.stdin:
-            proc.stdin.close()
-        proc.wait(timeout=60)
         receiver.stop()
         prom.stop()
 
