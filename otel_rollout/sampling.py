@@ -39,8 +39,6 @@ if TYPE_CHECKING:
 
 REMOTE_STEPS = 16
 """Steps known by number only whose sampling state a process keeps (the newest ones)."""
-KEEP = ("all", "error", "truncated", "tail", "rate")
-"""Why a span was kept (``None``: it was not): its ``rollout.sampling.reason``."""
 
 
 @dataclass(frozen=True)

@@ -140,10 +140,9 @@ class StepScope:
         self.phase_intervals: list[tuple[str, int, int]] = []
         """Each top-level phase as ``(name, start_ns, end_ns)``: the step timeline of the
         reports (summary, step log, PNG lane)."""
-        self.started = 0
-        """Requests of this step that entered an engine of this process so far."""
         self.sampling = StepSampling()
-        """Which of its request spans are kept (:mod:`otel_rollout.sampling`)."""
+        """Its running count of requests started and done in this process, and so which of its
+        request spans are kept (:mod:`otel_rollout.sampling`)."""
 
     # --- collection -------------------------------------------------------------------------
 
@@ -151,14 +150,19 @@ class StepScope:
         with self._lock:
             self._records.append(record)
 
+    @property
+    def started(self) -> int:
+        """Requests of this step that entered an engine of this process so far."""
+        return self.sampling.started
+
     def requests_started(self, count: int) -> None:
-        with self._lock:
-            self.started += count
+        self.sampling.requests_started(count)
 
     def progress(self) -> tuple[int, int]:
         """Requests of this step done and started so far in this process (live progress)."""
         with self._lock:
-            return len(self._records), max(self.started, len(self._records))
+            done = len(self._records)
+        return done, max(self.started, done)
 
     def observe_trajectory(self, trajectory: TrajectoryRecord) -> None:
         """An agentic trajectory opened inside this step ended (:mod:`otel_rollout.trajectories`)."""

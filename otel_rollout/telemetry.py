@@ -185,12 +185,12 @@ class Telemetry:
         ``ctx`` (the current context by default) counts them as started (its live progress)."""
         with self.log.guard("in-flight accounting"):
             step = current_step(ctx)
-            if step is not None:
+            if step is not None:  # its live progress, and its sampling's count
                 step.requests_started(count)
-            if not self._sampling.keeps_all:
-                state = sampling.state_for(ctx)
-                if state is not None:
-                    state.requests_started(count)
+            elif not self._sampling.keeps_all:
+                number = step_number(ctx)  # a step open in another process
+                if number is not None:
+                    sampling.remote_state(number).requests_started(count)
             return self.engine_activity(model).change(count, operation)
         return None
 

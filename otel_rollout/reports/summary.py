@@ -63,8 +63,9 @@ def format_summary(
             if e.prefix_cache_hit_rate is None
             else f" | prefix hits {e.prefix_cache_hit_rate:.1%}"
         )
+        counted = "reads" if e.source == "sampled" else "iterations"
         lines.append(
-            f"  engine: {e.iterations} {'reads' if e.source == 'sampled' else 'iterations'} | KV cache peak {e.kv_cache_usage_peak:.1%} "
+            f"  engine: {e.iterations} {counted} | KV cache peak {e.kv_cache_usage_peak:.1%} "
             f"mean {e.kv_cache_usage_mean:.1%} | running peak {e.running_peak} waiting peak "
             f"{e.waiting_peak} | {e.generation_tokens} tokens generated "
             f"({e.generation_throughput:.0f}/s) | preempted {e.preemptions}{hit}"
