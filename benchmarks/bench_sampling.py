@@ -2,7 +2,7 @@
 
 No engine runs: a real ``Telemetry`` and the real SDK make the spans of one ``rollout_step`` of
 N long-tailed requests submitted together (1 % truncated, finishing in latency order), once with
-``OTEL_ROLLOUT_SAMPLE_RATE=1`` (every span, the default) and once with ``0.02``. Each exported
+``OTEL_ROLLOUT_SAMPLE_RATE=1`` (every span) and once with ``0.02`` (the default). Each exported
 span is encoded as OTLP/protobuf (the exporter's own encoder, 512 spans per export request as the
 SDK's batch processor sends them) and its bytes counted: what a
 Collector receives, stores and, with tail sampling, holds in memory per step.

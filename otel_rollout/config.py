@@ -170,7 +170,7 @@ class RolloutConfig:
     stall_timeout: float = 120.0
     step_wait: float = 5.0
     emit_queue: int = 262_144
-    sample_rate: float = 1.0
+    sample_rate: float = 0.02
     sample_tail: float = 0.95
     sample_min_step: int = 64
     report_dir: str | None = None
@@ -416,7 +416,8 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "Step-aware sampling of request spans: the share of a large step's ordinary requests "
         "whose spans are kept (by span id). Errors, aborts, truncations and the step's tail "
         "are kept besides; metric points are recorded for every request, exemplars name only "
-        "kept spans. 1 (the default) keeps every span; 0.02 keeps about 8 % of a large step's.",
+        "kept spans. The default, 0.02, keeps about 8 % of a large step's spans; 1 keeps every "
+        "span.",
     ),
     Setting(
         "OTEL_ROLLOUT_SAMPLE_TAIL",

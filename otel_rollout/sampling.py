@@ -44,7 +44,7 @@ REMOTE_STEPS = 16
 @dataclass(frozen=True)
 class SamplingPolicy:
     rate: float = 0.02
-    """The RL-scale setting; the package's default is 1 (``OTEL_ROLLOUT_SAMPLE_RATE``)."""
+    """``OTEL_ROLLOUT_SAMPLE_RATE``; 1 keeps every span."""
     tail: float = 0.95
     min_step: int = 64
 

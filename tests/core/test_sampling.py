@@ -87,7 +87,7 @@ def test_a_long_tailed_step_keeps_what_matters_and_little_else(model: str) -> No
 def test_through_the_sdk_metrics_count_all_and_exemplars_name_exported_spans(
     otel: OTelHarness, make_telemetry: Callable[..., Telemetry], model: str
 ) -> None:
-    telemetry = make_telemetry(load_config({"OTEL_ROLLOUT_SAMPLE_RATE": "0.02"}, warn=False))
+    telemetry = make_telemetry(load_config({}, warn=False))  # the defaults: rate 0.02
     records = _step(model, n=400)
     for r in records:
         r.span_id = 0  # the emitter draws them, as for a real request
@@ -109,12 +109,11 @@ def test_through_the_sdk_metrics_count_all_and_exemplars_name_exported_spans(
     assert reasons <= {"error", "truncated", "tail", "rate"}
 
 
-@pytest.mark.parametrize("rate", [None, "1", "1.0"])  # None: the default
+@pytest.mark.parametrize("rate", ["1", "1.0"])
 def test_rate_one_keeps_every_span(
     otel: OTelHarness, make_telemetry: Callable[..., Telemetry], model: str, rate: str
 ) -> None:
-    env = {} if rate is None else {"OTEL_ROLLOUT_SAMPLE_RATE": rate}
-    telemetry = make_telemetry(load_config(env, warn=False))
+    telemetry = make_telemetry(load_config({"OTEL_ROLLOUT_SAMPLE_RATE": rate}, warn=False))
     records = _step(model, n=200)
     for r in records:
         r.span_id = 0

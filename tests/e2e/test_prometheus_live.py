@@ -74,6 +74,8 @@ def scraped_run(
         OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint,
         OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
         OTEL_EXPORTER_PROMETHEUS_PORT=str(metrics_port),
+        # The quantiles are checked against every request span: keep them all.
+        OTEL_ROLLOUT_SAMPLE_RATE="1",
     )
     workload = lingering_workload(
         tiny_model,

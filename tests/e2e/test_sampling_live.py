@@ -1,6 +1,6 @@
 """Step-aware sampling end to end (issue #19): a real instrumented vLLM run under
-``opentelemetry-instrument`` with ``OTEL_ROLLOUT_SAMPLE_RATE=0.02``, its spans over real OTLP,
-its metrics scraped by a real Prometheus (native histograms).
+``opentelemetry-instrument`` with the default sampling settings (``OTEL_ROLLOUT_SAMPLE_RATE``
+0.02), its spans over real OTLP, its metrics scraped by a real Prometheus (native histograms).
 
 Every request is counted in Prometheus; only a share of the request spans arrives; every exemplar
 Prometheus stores names a span that arrived (a click on a bucket never leads nowhere).
@@ -47,8 +47,8 @@ def sampled_run(
         OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint,
         OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
         OTEL_EXPORTER_PROMETHEUS_PORT=str(port),
-        OTEL_ROLLOUT_SAMPLE_RATE="0.02",
     )
+    assert not any(k.startswith("OTEL_ROLLOUT_SAMPLE") for k in env), "the defaults are tested"
     workload = lingering_workload(
         tiny_model, env, "--steps", str(STEPS), "--batch", str(BATCH), "--natural-stops"
     )

@@ -3,6 +3,9 @@
 No collector binary can run here, so each config is checked against the component list of the
 pinned otelcol-contrib release (tests/data/otelcol-contrib-<version>-components.yaml) and for
 the properties the rollout pipeline depends on (sampling policies, exemplars, trace-id routing).
+The tail-sampling overlay is checked merged over each base the way the Collector merges several
+``--config`` sources (confmap: maps merge key by key, any other value, a list included, is
+replaced whole).
 """
 
 from __future__ import annotations
@@ -31,10 +34,13 @@ IRREGULAR = {
     "filestorage": "file_storage",
     "dbstorage": "db_storage",
 }
+OVERLAY = "collector/tail-sampling.yaml"
 CONFIGS = [
     "collector/otelcol.yaml",
     "collector/multinode/agent.yaml",
     "collector/multinode/gateway.yaml",
+    f"collector/otelcol.yaml+{OVERLAY}",
+    f"collector/multinode/gateway.yaml+{OVERLAY}",
 ]
 ENV_REF = re.compile(r"^\$\{env:(?P<name>\w+)(?::-(?P<default>[^}]*))?\}$")
 
@@ -65,8 +71,32 @@ def contrib_components(repo_root: Path) -> dict[str, set[str]]:
     return out
 
 
+def _merge(base: dict, overlay: dict) -> dict:
+    """confmap's merge of two ``--config`` sources: maps key by key, anything else replaced."""
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def _load(repo: Path, rel: str) -> dict:
-    return yaml.safe_load((repo / rel).read_text())
+    """One config, or ``a.yaml+b.yaml``: b merged over a, as ``--config a --config b``."""
+    merged: dict = {}
+    for part in rel.split("+"):
+        merged = _merge(merged, yaml.safe_load((repo / part).read_text()))
+    return merged
+
+
+def test_merge_is_confmaps() -> None:
+    base = {"p": {"a": {"x": 1}, "b": [1, 2]}, "s": {"pl": {"t": {"procs": ["m", "b"]}}}}
+    overlay = {"p": {"c": {}, "b": [3]}, "s": {"pl": {"t": {"procs": ["m", "ts", "b"]}}}}
+    assert _merge(base, overlay) == {
+        "p": {"a": {"x": 1}, "b": [3], "c": {}},
+        "s": {"pl": {"t": {"procs": ["m", "ts", "b"]}}},
+    }
 
 
 def _type(component_id: str) -> str:
@@ -171,7 +201,7 @@ def test_memory_limiter_first_and_batch_everywhere(repo_root: Path, rel: str) ->
                 )
 
 
-@pytest.mark.parametrize("rel", CONFIGS)
+@pytest.mark.parametrize("rel", [*CONFIGS[:3], OVERLAY])
 def test_header_comment(repo_root: Path, rel: str) -> None:
     assert (repo_root / rel).read_text().startswith("#"), f"{rel} must open with a header comment"
 
@@ -185,12 +215,12 @@ def test_otlp_receiver_grpc_and_http(repo_root: Path) -> None:
         ].endswith(":4318")
 
 
-def _tail_sampling(repo: Path, rel: str) -> dict:
-    return _load(repo, rel)["processors"]["tail_sampling"]
+def _tail_sampling(repo: Path) -> dict:
+    return _load(repo, OVERLAY)["processors"]["tail_sampling"]
 
 
 def test_tail_sampling_policies(repo_root: Path) -> None:
-    ts = _tail_sampling(repo_root, "collector/otelcol.yaml")
+    ts = _tail_sampling(repo_root)
     # decision_wait: sized for steps that run for minutes.
     assert _seconds(_env_default(ts["decision_wait"])) >= 300
     policies = {p["type"]: p for p in ts["policies"]}
@@ -226,19 +256,43 @@ def test_tail_sampling_policies(repo_root: Path) -> None:
         assert bool(pattern.search(text)) is kept, (value, pattern.pattern)
 
 
-def test_gateway_samples_exactly_like_single_node(repo_root: Path) -> None:
-    assert _tail_sampling(repo_root, "collector/otelcol.yaml") == _tail_sampling(
-        repo_root, "collector/multinode/gateway.yaml"
-    )
+@pytest.mark.parametrize("base", ["collector/otelcol.yaml", "collector/multinode/gateway.yaml"])
+def test_no_tail_sampling_by_default_and_the_overlay_adds_it(repo_root: Path, base: str) -> None:
+    """otel_rollout samples per step (OTEL_ROLLOUT_SAMPLE_RATE), so the bases hold no trace for
+    a decision wait; the overlay puts the tail sampler into the traces pipeline to Tempo, the same
+    in both bases, and changes nothing else of the base's pipelines."""
+    plain, merged = _load(repo_root, base), _load(repo_root, f"{base}+{OVERLAY}")
+    assert "tail_sampling" not in (plain.get("processors") or {})
+    for cfg, sampled in ((plain, False), (merged, True)):
+        names = _pipelines_with(cfg, "otlp/tempo", "exporters")
+        assert names == ["traces/sampled"]
+        procs = cfg["service"]["pipelines"]["traces/sampled"]["processors"]
+        assert ("tail_sampling" in procs) is sampled
+        assert [p for p in procs if p != "tail_sampling"] == plain["service"]["pipelines"][
+            "traces/sampled"
+        ]["processors"]
+    overlay = _load(repo_root, OVERLAY)
+    assert set(overlay) == {"processors", "service"} and set(overlay["processors"]) == {
+        "tail_sampling"
+    }
+    assert overlay["service"] == {
+        "pipelines": {
+            "traces/sampled": {"processors": ["memory_limiter", "tail_sampling", "batch"]}
+        }
+    }
+    processors = {k: v for k, v in merged["processors"].items() if k != "tail_sampling"}
+    assert dict(merged, processors=processors, service=plain["service"]) == plain
 
 
-def test_header_explains_decision_wait(repo_root: Path) -> None:
-    header = "".join(
-        line
-        for line in (repo_root / "collector/otelcol.yaml").read_text().splitlines(True)
-        if line.startswith("#")
-    )
-    assert "decision_wait" in header and "memory" in header and "minutes" in header
+def test_headers_explain_the_sampling(repo_root: Path) -> None:
+    def header(rel: str) -> str:
+        text = (repo_root / rel).read_text()
+        return "".join(line for line in text.splitlines(True) if line.startswith("#"))
+
+    overlay = header(OVERLAY)
+    assert "decision_wait" in overlay and "memory" in overlay and "minutes" in overlay
+    for rel in ("collector/otelcol.yaml", "collector/multinode/gateway.yaml"):
+        assert "OTEL_ROLLOUT_SAMPLE_RATE" in header(rel) and "tail-sampling.yaml" in header(rel)
 
 
 def _pipelines_with(cfg: dict, component: str, role: str) -> list[str]:
@@ -246,7 +300,11 @@ def _pipelines_with(cfg: dict, component: str, role: str) -> list[str]:
 
 
 def test_spanmetrics_before_sampling_with_exemplars(repo_root: Path) -> None:
-    for rel in ("collector/otelcol.yaml", "collector/multinode/agent.yaml"):
+    for rel in (
+        "collector/otelcol.yaml",
+        f"collector/otelcol.yaml+{OVERLAY}",
+        "collector/multinode/agent.yaml",
+    ):
         cfg = _load(repo_root, rel)
         sm = cfg["connectors"]["spanmetrics"]
         assert sm["exemplars"]["enabled"] is True
@@ -272,10 +330,7 @@ def test_traces_to_tempo(repo_root: Path) -> None:
         cfg = _load(repo_root, rel)
         exp = cfg["exporters"]["otlp/tempo"]
         assert "tempo:4317" in _env_default(exp["endpoint"])
-        names = _pipelines_with(cfg, "otlp/tempo", "exporters")
-        assert names and all(
-            "tail_sampling" in cfg["service"]["pipelines"][n]["processors"] for n in names
-        )
+        assert _pipelines_with(cfg, "otlp/tempo", "exporters"), rel
 
 
 def test_agent_routes_by_trace_id_and_does_not_sample(repo_root: Path) -> None:

@@ -105,10 +105,14 @@ def test_bind_mounts_exist(compose: dict, repo_root: Path) -> None:
 def test_provisioning_mounted_as_is(compose: dict) -> None:
     vols = compose["services"]["grafana"]["volumes"]
     assert "./grafana/provisioning:/etc/grafana/provisioning:ro" in vols
+    collector = compose["services"]["otel-collector"]
+    assert "./collector/otelcol.yaml:/etc/otelcol-contrib/config.yaml:ro" in collector["volumes"]
+    # the tail-sampling overlay is at hand (compose.yaml says how to add it), not on by default
     assert (
-        "./collector/otelcol.yaml:/etc/otelcol-contrib/config.yaml:ro"
-        in compose["services"]["otel-collector"]["volumes"]
+        "./collector/tail-sampling.yaml:/etc/otelcol-contrib/tail-sampling.yaml:ro"
+        in collector["volumes"]
     )
+    assert collector["command"] == ["--config=/etc/otelcol-contrib/config.yaml"]
     prom = compose["services"]["prometheus"]
     assert "./prometheus/rules.yml:/etc/prometheus/rules.yml:ro" in prom["volumes"]
     assert "--enable-feature=exemplar-storage" in prom["command"]
@@ -128,6 +132,7 @@ CONFIG_FILES = [
     "collector/otelcol.yaml",
     "collector/multinode/agent.yaml",
     "collector/multinode/gateway.yaml",
+    "collector/tail-sampling.yaml",
     "prometheus/prometheus.yml",
     "prometheus/rules.yml",
     "tempo/tempo.yaml",

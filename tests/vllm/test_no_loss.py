@@ -33,8 +33,11 @@ def test_every_record_of_a_10k_generate_arrives(
     queue: int, otel: OTelHarness, llm: Any, vllm_module: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     telemetry = vllm_telemetry()
+    # Every span of the step is counted here, so step-aware sampling keeps them all (rate 1).
     monkeypatch.setattr(
-        telemetry, "config", dataclasses.replace(telemetry.config, emit_queue=queue)
+        telemetry,
+        "config",
+        dataclasses.replace(telemetry.config, emit_queue=queue, sample_rate=1.0),
     )
     params = vllm_module.SamplingParams(max_tokens=2, ignore_eos=True)
     with rollout_step(1) as step:
