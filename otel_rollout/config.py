@@ -173,6 +173,7 @@ class RolloutConfig:
     sample_rate: float = 0.02
     sample_tail: float = 0.95
     sample_min_step: int = 64
+    sample_slowest: int = 5
     report_dir: str | None = None
     step_log: str | None = None
     http_paths: tuple[str, ...] = ("/v1/completions", "/v1/chat/completions", "/generate")
@@ -414,7 +415,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "sample_rate",
         _share,
         "Step-aware sampling of request spans: the share of a large step's ordinary requests "
-        "whose spans are kept (by span id). Errors, aborts, truncations and the step's tail "
+        "whose spans are kept (every 1/rate-th in finish order). Errors, aborts, truncations and the step's tail "
         "are kept besides; metric points are recorded for every request, exemplars name only "
         "kept spans. The default, 0.02, keeps about 8 % of a large step's spans; 1 keeps every "
         "span.",
@@ -431,6 +432,16 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "sample_min_step",
         _int_range(0, 1_000_000_000),
         "Step-aware sampling: a step with at most this many requests started keeps every span.",
+    ),
+    Setting(
+        "OTEL_ROLLOUT_SAMPLE_SLOWEST",
+        "sample_slowest",
+        _int_range(0, 10_000),
+        "Step-aware sampling: the spans of this many of a step's longest requests are kept "
+        "besides, decided at the step's end (the slowest of an agentic step need not finish "
+        "last); until then each candidate's span and metric points wait. The default is the "
+        "stragglers a step summary names (OTEL_ROLLOUT_SUMMARY_STRAGGLERS): keep it at least "
+        "that, and every straggler named has its span. 0: none.",
     ),
     Setting(
         "OTEL_ROLLOUT_REPORT_DIR",

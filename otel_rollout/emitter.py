@@ -216,7 +216,7 @@ class Emitter:
     def _start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._thread.start()
-        _register_exit_drain()
+        register_exit_drain()
 
     @property
     def pending(self) -> int:
@@ -353,8 +353,28 @@ def drain_at_exit_elsewhere() -> None:
     _exit_drained_elsewhere.append(True)
 
 
+_BEFORE_FLUSH: list[Callable[[], object]] = []
+
+
+def before_flush(hook: Callable[[], object]) -> None:
+    """Run ``hook`` at the start of every :func:`flush_all` and :func:`drain_all`: records held
+    elsewhere (a step's candidates for its slowest, :mod:`otel_rollout.sampling`) are handed to
+    the emitters before those are waited for."""
+    if hook not in _BEFORE_FLUSH:
+        _BEFORE_FLUSH.append(hook)
+
+
+def _run_before_flush() -> None:
+    for hook in list(_BEFORE_FLUSH):
+        try:
+            hook()
+        except Exception:  # ours: the flush itself must go on
+            _logger.debug("otel_rollout: a before-flush hook failed", exc_info=True)
+
+
 def flush_all(timeout_s: float) -> bool:
     """Wait (at most ``timeout_s`` in all) until every emitter has emitted what it was given."""
+    _run_before_flush()
     deadline = time.monotonic() + timeout_s
     ok = True
     for emitter in list(_LIVE):
@@ -391,6 +411,7 @@ def drain_all(stall_s: float) -> bool:
     only (:meth:`Emitter.metrics_only`): a bounded exit drops spans, never counts.
     """
     _exit_state_draining.append(True)
+    _run_before_flush()
     live = [e for e in list(_LIVE) if e.pending]
     stuck_s = max(stall_s, exporter_timeout_s())
     spans_ok = True
@@ -433,7 +454,7 @@ def exporter_stuck(after_s: float) -> bool:
     return any(e._pacer.stuck(after_s) for e in list(_LIVE) if e._pacer is not None)
 
 
-def _register_exit_drain() -> None:
+def register_exit_drain() -> None:
     """Once per process, when the first emitter starts: drain at exit (unless ``bound_exit`` will).
 
     ``atexit`` runs handlers last-registered first, so this one usually runs before the SDK's own

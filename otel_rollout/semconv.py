@@ -34,7 +34,7 @@ STEP_ATTR_PREEMPTIONS = "rollout.step.preemptions"
 """Σ of the step's requests' preemptions (only requests whose engine reports them)."""
 ROLLOUT_SAMPLING_REASON = "rollout.sampling.reason"
 """Why a sampled step kept this request span (:mod:`otel_rollout.sampling`): ``error``,
-``truncated``, ``tail`` or ``rate``; absent where every span is kept."""
+``truncated``, ``tail``, ``rate`` or ``slowest``; absent where every span is kept."""
 ROLLOUT_TIMING_SOURCE = "rollout.timing.source"
 """Where the span's timestamps came from: ``engine``, ``engine_steps``, ``engine_latency``, ``observed`` (README)."""
 ROLLOUT_BATCH_SIZE = "rollout.batch.size"

@@ -140,7 +140,7 @@ class StepScope:
         self.phase_intervals: list[tuple[str, int, int]] = []
         """Each top-level phase as ``(name, start_ns, end_ns)``: the step timeline of the
         reports (summary, step log, PNG lane)."""
-        self.sampling = StepSampling()
+        self.sampling = StepSampling(holds=True)
         """Its running count of requests started and done in this process, and so which of its
         request spans are kept (:mod:`otel_rollout.sampling`)."""
 
@@ -210,12 +210,15 @@ class StepScope:
         # the span ends here, not after the remote reports came in
         duration, ended_ns = time.monotonic() - self._started, time.time_ns()
         _OPEN.discard(self)
+        telemetry = self._telemetry or job_step_telemetry()
+        with telemetry.log.guard("step sampling"):
+            # its slowest candidates are decided (kept) before the analysis names their spans
+            self.sampling.release(final=True)
         windows = list(engine_stats.close(id(self)).values())
         if self._token is not None:
             otel_context.detach(self._token)  # type: ignore[arg-type]
             self._token = None
         config = self._config or RolloutConfig()
-        telemetry = self._telemetry or job_step_telemetry()
         missing = 0
         for channel in self._channels:
             closed = False

@@ -18,7 +18,6 @@ scopes and the emitter wiring; everything else was moved out (issue #27).
 from __future__ import annotations
 
 import os
-import random
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -44,7 +43,7 @@ from otel_rollout.attributes import (
 )
 from otel_rollout.config import RolloutConfig, load_config
 from otel_rollout.context import collectors, current_step, step_number
-from otel_rollout.emitter import PACE_WAIT_S, Emitter, Pacer
+from otel_rollout.emitter import PACE_WAIT_S, Emitter, Pacer, before_flush, register_exit_drain
 from otel_rollout.guard import LogOnce
 from otel_rollout.ids import PresetIds
 from otel_rollout.instruments import RequestInstruments, StepInstruments
@@ -80,6 +79,19 @@ if TYPE_CHECKING:
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
 _NO_SPAN = otel_context.Context()
 """The context of points whose span was given up at exit: no exemplar names a span that never was."""
+_NONE_WAITING: set[int] = set()
+"""What :meth:`Telemetry._sample` returns when no record waits (never written to)."""
+_WAITING_HOOKED: list[bool] = []
+
+
+def _hook_flushes() -> None:
+    """Once, when requests first wait in a step: every flush and the exit decide for them first
+    (:func:`otel_rollout.sampling.release_all`), so a provider's own ``force_flush`` delivers
+    every record taken, in inline emission too."""
+    _WAITING_HOOKED.append(True)
+    before_flush(sampling.release_all)
+    register_exit_drain()
+    drain_before_provider_flush()
 
 
 def _instrument(name: str) -> Any:
@@ -277,22 +289,38 @@ class Telemetry:
                 self._resolve_proxy()
             self._stamp_weight_versions(records)
             if capacity <= 0 or self._preset is None:
-                self._sample(records, parent)
-                self._emit_inline(records, parent)
+                waiting = self._sample(records, parent)
+                self._emit_inline(records, parent, collectors(parent), waiting)
                 return
             self._assign_ids(records, parent)
-            self._sample(records, parent)
+            waiting = self._sample(records, parent)
             for collector in collectors(parent):
                 for record in records:
                     collector.observe(record)
-            emitter = self._emitter or self._start_emitter()
-            emitter.capacity = capacity
-            refused = emitter.submit(records, parent)
-            if refused:
-                # The queue is full: these records lose their spans, never their counts. Metric
-                # points cost CPU only, so the caller records them now (~10 µs each).
-                for record in records[len(records) - refused :]:
-                    self._record_points(record, _NO_SPAN)
+            if waiting:
+                records = [r for r in records if id(r) not in waiting]
+            self._submit(records, parent)
+
+    def _submit(self, records: Sequence[RequestRecord], parent: Context) -> None:
+        """Records decided and observed by their step: to the emitter (or made inline)."""
+        capacity = self.config.emit_queue
+        if capacity <= 0 or self._preset is None:
+            self._emit_inline(records, parent, ())
+            return
+        emitter = self._emitter or self._start_emitter()
+        emitter.capacity = capacity
+        refused = emitter.submit(records, parent)
+        if refused:
+            # The queue is full: these records lose their spans, never their counts. Metric
+            # points cost CPU only, so the caller records them now (~10 µs each).
+            for record in records[len(records) - refused :]:
+                self._record_points(record, _NO_SPAN)
+
+    def _submit_released(self, records: Sequence[RequestRecord], parent: Context) -> None:
+        """A step decided for records that waited in it (:meth:`_sample`): guarded like any
+        hand-over."""
+        with self.log.guard("request telemetry"):
+            self._submit(records, parent)
 
     @property
     def _sampling(self) -> SamplingPolicy:
@@ -303,25 +331,38 @@ class Telemetry:
                 config.sample_rate,
                 config.sample_tail,
                 config.sample_min_step,
+                config.sample_slowest,
             )
             cached = self._policy = (config, policy)
         return cached[1]
 
-    def _sample(self, records: Sequence[RequestRecord], parent: Context) -> None:
+    def _sample(self, records: Sequence[RequestRecord], parent: Context) -> set[int]:
         """Step-aware sampling (:mod:`otel_rollout.sampling`): which of these spans are made.
-        Decided here, in the caller, in the order the requests finished."""
+        Decided here, in the caller, in the order the requests finished. Returns the ``id()`` of
+        the records that wait in their step (its tail and slowest are decided at its end, then
+        handed on); a waiting record of an earlier call decided now is handed on here."""
         policy = self._sampling
         if policy.keeps_all:
-            return
+            return _NONE_WAITING
         state = sampling.state_for(parent)
         if state is None:
-            return  # outside any step: every span
+            return _NONE_WAITING  # outside any step: every span
+        waiting: set[int] = set()
         for record in records:
-            if not record.span_id:  # inline emission draws its ids at start_span: pick by one
-                record.span_id = random.getrandbits(64) or 1
-            record.kept = state.decide(record, policy)
-            if record.kept is None:
-                record.span_id = 0  # no span: nothing may name one
+            if not state.holds:  # a step with no end here: decided at once
+                record.kept = state.decide(record, policy)
+                if record.kept is None:
+                    record.span_id = 0  # no span: nothing may name one
+                continue
+            if not _WAITING_HOOKED:
+                _hook_flushes()
+            waiting.add(id(record))
+            for decided in state.take(record, parent, self._submit_released, policy):
+                if id(decided.record) in waiting:
+                    waiting.discard(id(decided.record))  # one of these: made with them
+                else:
+                    decided.submit((decided.record,), decided.parent)  # an earlier call's
+        return waiting
 
     def _resolve_proxy(self) -> None:
         """Made before the SDK was set up: once it is, the emitter gets a tracer of its own."""
@@ -333,12 +374,21 @@ class Telemetry:
         )
         self._request_tracer, self._preset = preset_tracer(real)
 
-    def _emit_inline(self, records: Sequence[RequestRecord], parent: Context) -> None:
-        """``OTEL_ROLLOUT_EMIT_QUEUE=0`` (or a tracer whose ids cannot be preset): as it happens."""
-        observers = collectors(parent)
+    def _emit_inline(
+        self,
+        records: Sequence[RequestRecord],
+        parent: Context,
+        observers: Sequence[Any],
+        waiting: set[int] = _NONE_WAITING,
+    ) -> None:
+        """``OTEL_ROLLOUT_EMIT_QUEUE=0`` (or a tracer whose ids cannot be preset): as it happens.
+        Each record is observed by ``observers`` after its span exists (its ids are the span's);
+        a ``waiting`` one is observed now and made when its step has decided for it."""
         every = _pace_every()
         for done, record in enumerate(records, 1):
-            if record.kept is None:
+            if id(record) in waiting:
+                pass
+            elif record.kept is None:
                 self._record_points(record, _NO_SPAN)
             else:
                 self._emit(record, parent, self.tracer, None)
@@ -425,7 +475,10 @@ class Telemetry:
         )
 
     def flush(self, timeout_s: float = 30.0) -> bool:
-        """Wait until every record handed to this emitter so far has its span and points."""
+        """Wait until every record handed to this emitter so far has its span and points (a
+        step's waiting requests are decided now: kept)."""
+        with self.log.guard("sampling release"):
+            sampling.release_all()
         emitter = self._emitter
         return True if emitter is None else emitter.flush(timeout_s)
 
