@@ -249,22 +249,12 @@ def test_a_forked_child_emits_its_own_records() -> None:
 
 _EXIT_JOB = """
 import sys, time
-from opentelemetry import metrics, trace
-from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from testkit.otlp_job import sdk_over_otlp
 
 endpoint, count = sys.argv[1], int(sys.argv[2])
 traces = sys.argv[3] if len(sys.argv) > 3 else endpoint  # the span exporter may go elsewhere
 warm = int(sys.argv[4]) if len(sys.argv) > 4 else 0  # records emitted, and exported, first
-tp = TracerProvider()
-tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces, insecure=True)))
-trace.set_tracer_provider(tp)
-metrics.set_meter_provider(MeterProvider(metric_readers=[PeriodicExportingMetricReader(
-    OTLPMetricExporter(endpoint=endpoint, insecure=True), export_interval_millis=3_600_000)]))
+tp = sdk_over_otlp(endpoint, traces)
 
 from otel_rollout.instrumentation import build_telemetry
 from otel_rollout.record import RequestRecord

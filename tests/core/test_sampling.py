@@ -333,20 +333,9 @@ def test_a_provider_flush_inside_the_step_delivers_the_held_records(
 
 _EXIT_IN_STEP_JOB = """
 import sys
-from opentelemetry import metrics, trace
-from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from testkit.otlp_job import sdk_over_otlp
 
-endpoint = sys.argv[1]
-tp = TracerProvider()
-tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True)))
-trace.set_tracer_provider(tp)
-metrics.set_meter_provider(MeterProvider(metric_readers=[PeriodicExportingMetricReader(
-    OTLPMetricExporter(endpoint=endpoint, insecure=True), export_interval_millis=3_600_000)]))
+sdk_over_otlp(sys.argv[1])
 
 from otel_rollout.config import RolloutConfig
 from otel_rollout.instrumentation import build_telemetry
