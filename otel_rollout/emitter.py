@@ -358,7 +358,7 @@ _BEFORE_FLUSH: list[Callable[[], object]] = []
 
 def before_flush(hook: Callable[[], object]) -> None:
     """Run ``hook`` at the start of every :func:`flush_all` and :func:`drain_all`: records held
-    elsewhere (a step's candidates for its slowest, :mod:`otel_rollout.sampling`) are handed to
+    elsewhere (requests waiting for their step's end, :mod:`otel_rollout.sampling`) are handed to
     the emitters before those are waited for."""
     if hook not in _BEFORE_FLUSH:
         _BEFORE_FLUSH.append(hook)
@@ -455,7 +455,8 @@ def exporter_stuck(after_s: float) -> bool:
 
 
 def register_exit_drain() -> None:
-    """Once per process, when the first emitter starts: drain at exit (unless ``bound_exit`` will).
+    """Once per process, when the first emitter starts or requests first wait in a step: drain
+    at exit (unless ``bound_exit`` will).
 
     ``atexit`` runs handlers last-registered first, so this one usually runs before the SDK's own
     provider shutdown (registered when the provider was made) — the records reach the exporter.

@@ -48,7 +48,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -142,7 +141,6 @@ class StepSampling:
     calls :meth:`release`, so its tail and its slowest are decided then (:meth:`take`)."""
 
     __slots__ = (
-        "__weakref__",
         "_lock",
         "_places",
         "_rest",
@@ -278,8 +276,9 @@ def _dropped(waiting: Waiting) -> Waiting:
     return waiting
 
 
-_WAITING: weakref.WeakSet[StepSampling] = weakref.WeakSet()
-"""Steps with requests waiting: a flush or the exit decides for them (:func:`release_all`)."""
+_WAITING: set[StepSampling] = set()
+"""Steps with requests waiting: a flush or the exit decides for them (:func:`release_all`).
+Held strongly: a step left open and dropped still owes its waiting requests' counts."""
 
 
 def release_all() -> int:

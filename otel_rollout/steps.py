@@ -212,7 +212,7 @@ class StepScope:
         _OPEN.discard(self)
         telemetry = self._telemetry or job_step_telemetry()
         with telemetry.log.guard("step sampling"):
-            # its slowest candidates are decided (kept) before the analysis names their spans
+            # what waits in it (its tail, its slowest) is decided before the analysis names spans
             self.sampling.release(final=True)
         windows = list(engine_stats.close(id(self)).values())
         if self._token is not None:
