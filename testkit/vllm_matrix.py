@@ -101,3 +101,45 @@ def assert_engine_stamps(span: Any, stats: Any, offset_ns: int) -> None:
     assert abs(span.end_time - (stats.last_token_ts * 1e9 + offset_ns)) <= MS
     (event,) = [e for e in span.events if e.name == "gen_ai.first_token"]
     assert abs(event.timestamp - (stats.first_token_ts * 1e9 + offset_ns)) <= MS
+
+
+CONFIG_LABELS = {
+    "offline": "`LLM()` (stats off, vLLM's default)",
+    "offline_stats": "`LLM(disable_log_stats=False)`",
+    "offline_n": "`LLM()`, `n > 1`",
+    "offline_n_stats": "`LLM(disable_log_stats=False)`, `n > 1`",
+    "async_stats": "`AsyncLLM` (stats on, its default)",
+    "async": "`AsyncLLM(disable_log_stats=True)` (verl's server)",
+}
+RELEASE_LABELS = {
+    (0, 32): "0.32.0",
+    (0, 12): "0.12.0",
+    (0, 11): "0.11.0",
+    (0, 10): "0.10.x (by source)",
+}
+"""The releases as the compat suites run them (0.10 cannot run here: it is read from source)."""
+
+
+def _cell(release: tuple[int, int], config: str) -> str:
+    source = SOURCES[release][config]
+    compared = (
+        source == "engine"
+        and "_n" not in config
+        and f"{config}:stats" not in GAPS[release]
+        and release != (0, 10)
+    )
+    return f"{source} (±1 ms)" if compared else source
+
+
+def markdown_table() -> str:
+    """The README's version × timing table: ``rollout.timing.source`` per configuration and
+    release, "(±1 ms)" where tests/compat compared each span with vLLM's own stamps."""
+    releases = list(RELEASE_LABELS)
+    lines = [
+        "| configuration | " + " | ".join(RELEASE_LABELS[r] for r in releases) + " |",
+        "|---|" + "---|" * len(releases),
+    ]
+    for config in CONFIGS:
+        cells = " | ".join(_cell(r, config) for r in releases)
+        lines.append(f"| {CONFIG_LABELS[config]} | {cells} |")
+    return "\n".join(lines) + "\n"

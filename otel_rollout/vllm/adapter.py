@@ -148,6 +148,20 @@ def spec_decode(choices: Sequence[Any]) -> tuple[int | None, int | None]:
     return drafted, accepted
 
 
+def v0_times(stats: Any, finish: int) -> tuple[int | None, int | None, int]:
+    """(first token, scheduled, finish) in epoch ns from the V0 engine's ``RequestMetrics``
+    (vLLM ≤ 0.10 with ``VLLM_USE_V1=0``; the class is in ``vllm.sequence`` through 0.12): wall
+    seconds, named ``first_token_time`` / ``first_scheduled_time`` / ``finished_time`` where V1's
+    ``RequestStateStats`` has monotonic ``*_ts``. Reading V1's names off it raised, and every
+    request span of the batch was lost after one warning. ``finish``: the fallback."""
+    end = getattr(stats, "finished_time", None) or getattr(stats, "last_token_time", None)
+    return (
+        Clock.from_wall(getattr(stats, "first_token_time", None) or None),
+        Clock.from_wall(getattr(stats, "first_scheduled_time", None) or None),
+        Clock.from_wall(end) or finish,
+    )
+
+
 def record_from_output(
     output: RequestOutput,
     operation: str,
@@ -167,14 +181,17 @@ def record_from_output(
     source = "observed"
     if stats is not None and getattr(stats, "arrival_time", None):
         arrival = Clock.from_wall(stats.arrival_time) or arrival
-        first = clock.from_monotonic(stats.first_token_ts or None)
-        scheduled = clock.from_monotonic(stats.scheduled_ts or None)
-        finish = clock.from_monotonic(stats.last_token_ts or None) or finish
         source = "engine"
-        preemptions = getattr(stats, "num_preemptions", None)
-        if output_tokens is None and len(output.outputs or ()) <= 1:
-            # With n > 1 the stats are the last-finishing sample's: count every sample instead.
-            output_tokens = stats.num_generation_tokens
+        if hasattr(stats, "first_token_time"):
+            first, scheduled, finish = v0_times(stats, finish)
+        else:
+            first = clock.from_monotonic(stats.first_token_ts or None)
+            scheduled = clock.from_monotonic(stats.scheduled_ts or None)
+            finish = clock.from_monotonic(stats.last_token_ts or None) or finish
+            preemptions = getattr(stats, "num_preemptions", None)
+            if output_tokens is None and len(output.outputs or ()) <= 1:
+                # With n > 1 the stats are the last-finishing sample's: count every sample.
+                output_tokens = stats.num_generation_tokens
     elif times is not None and rid in times.arrival and rid in times.finish:
         arrival = Clock.from_wall(times.arrival[rid]) or arrival
         first = clock.from_monotonic(times.first.get(rid))

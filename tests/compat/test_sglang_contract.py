@@ -73,10 +73,6 @@ _NO_SPEC_COUNTS = (
     "meta_info has no spec_num_proposed_drafts / spec_num_correct_drafts through 0.5.8 (only "
     "spec_verify_ct): their requests carry no speculative-decoding counts"
 )
-_GATE = (
-    "SGLangInstrumentor.min_version (0, 5) refuses 0.4.x although every wrapped target "
-    "exists with the same shape"
-)
 KNOWN_GAPS: dict[tuple[str, str], str] = {
     **{(v, "figure:first_token"): _NO_TTFT for v in ("0.4.9.post6", "0.4.10.post2")},
     **{(v, "meta:request_received_ts"): _NO_RECEIVED for v in ("0.4.9.post6", "0.4.10.post2")},
@@ -96,7 +92,6 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {
         if v != TESTED
         for key in ("spec_num_proposed_drafts", "spec_num_correct_drafts")
     },
-    **{(v, "version_gate"): _GATE for v in ("0.4.9.post6", "0.4.10.post2")},
 }
 
 # GenerateReqInput fields the adapter reads: request_shape (text, input_ids, sampling_params;

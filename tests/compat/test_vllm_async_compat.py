@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from testkit.engines import VLLM_KWARGS, shutdown_async_llm
-from tests.compat.vllm_matrix import MS, assert_engine_stamps, row, wall_offset_ns
+from testkit.vllm_matrix import MS, assert_engine_stamps, row, wall_offset_ns
 from tests.conftest import OTelHarness
 
 pytestmark = pytest.mark.vllm

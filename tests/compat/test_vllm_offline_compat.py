@@ -1,6 +1,6 @@
 """LLM.generate on whichever real vLLM this environment holds: counts, sources, exact times.
 
-Asserts what is true today on the running release (tests/compat/vllm_matrix.py); where the
+Asserts what is true today on the running release (testkit/vllm_matrix.py); where the
 adapter is not exact there, the exactness test is a strict xfail naming the gap.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from otel_rollout.semconv import BATCH_SPAN_NAME
-from tests.compat.vllm_matrix import assert_engine_stamps, row, wall_offset_ns
+from testkit.vllm_matrix import assert_engine_stamps, row, wall_offset_ns
 from tests.conftest import OTelHarness
 
 pytestmark = pytest.mark.vllm
@@ -152,3 +152,61 @@ def test_offline_engine_figures_per_step_from_0_12(
         assert step.stats.engine.generation_tokens == sum(lengths)
     else:
         assert step.stats.engine is None
+
+
+def test_the_v0_engines_request_metrics_give_its_own_times(vllm_module: Any) -> None:
+    """vLLM ≤ 0.10 on its V0 engine (``VLLM_USE_V1=0``) fills ``RequestOutput.metrics`` with
+    ``vllm.sequence.RequestMetrics``: wall seconds under V0's names, where V1 has monotonic
+    ``*_ts``. Reading V1's names off it raised and lost every span of the batch. That engine
+    cannot run here (0.10 needs a newer libstdc++, 0.11 dropped V0), so the output is built from
+    vLLM's own classes as V0 fills them (engine-free, the fault otherwise unreachable); the class
+    ships through 0.12."""
+    import time
+
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    from otel_rollout.record import Clock
+    from otel_rollout.vllm import adapter
+
+    metrics_class = getattr(__import__("vllm.sequence").sequence, "RequestMetrics", None)
+    if metrics_class is None:
+        pytest.skip("this vLLM ships no V0 RequestMetrics (0.32 dropped V0's classes)")
+    t0 = time.time() - 10
+    metrics = metrics_class(
+        arrival_time=t0,
+        last_token_time=t0 + 2.0,
+        first_scheduled_time=t0 + 0.25,
+        first_token_time=t0 + 0.5,
+        time_in_queue=0.25,
+        finished_time=t0 + 2.0,
+    )
+    choice = CompletionOutput(
+        index=0,
+        text="abc",
+        token_ids=[1, 2, 3],
+        cumulative_logprob=None,
+        logprobs=None,
+        finish_reason="length",
+    )
+    output = RequestOutput(
+        request_id="v0-request",
+        prompt="p",
+        prompt_token_ids=[5, 6],
+        prompt_logprobs=None,
+        outputs=[choice],
+        finished=True,
+        metrics=metrics,
+    )
+    record = adapter.record_from_output(
+        output, "text_completion", "m", Clock(), 1, 2, None, capture=False
+    )
+    assert record.timing_source == "engine"
+    assert record.arrival_ns == Clock.from_wall(t0)
+    assert record.scheduled_ns == Clock.from_wall(t0 + 0.25)
+    assert record.first_token_ns == Clock.from_wall(t0 + 0.5)
+    assert record.finish_ns == Clock.from_wall(t0 + 2.0)
+    assert (record.output_tokens, record.prompt_tokens, record.finish_reasons) == (
+        3,
+        2,
+        ("length",),
+    )

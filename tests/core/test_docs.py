@@ -134,3 +134,17 @@ def test_the_check_catches_a_name_the_code_does_not_emit() -> None:
     fake = "| `rollout.step.tail_seconds` | double | x |\n| `rollout.step.<key>` | any | y |"
     assert _names_in_tables(fake) == {"rollout.step.tail_seconds", "rollout.step.<key>"}
     assert "rollout.step.tail_seconds" not in _emitted()
+
+
+def test_the_readme_vllm_matrix_is_the_one_the_compat_suites_assert() -> None:
+    """README's version × timing table is generated from testkit/vllm_matrix.py, the table
+    the compat suites hold each release to: a change there must reach the README."""
+    from testkit.vllm_matrix import markdown_table
+
+    text = README.read_text()
+    begin, end = "<!-- vllm-matrix:begin -->\n", "<!-- vllm-matrix:end -->"
+    assert begin in text and end in text
+    block = text.split(begin, 1)[1].split(end, 1)[0]
+    assert block == markdown_table(), (
+        "README's vLLM matrix differs from testkit/vllm_matrix.py: paste markdown_table()"
+    )

@@ -235,6 +235,23 @@ def test_sglang_default_streamed_ends_when_the_last_chunk_was_seen() -> None:
     )
 
 
+def test_sglang_0_4_with_metrics_keeps_its_e2e_latency_labelled() -> None:
+    """0.4.x's ``meta_info`` with ``enable_metrics`` (its released source: ``e2e_latency``, no
+    ``request_received_ts``, no first-token or forward stamps): the engine's latency ends where
+    the final chunk was seen, the first token is the stream's, no queue time; labelled
+    ``engine_latency``, not ``engine``."""
+    meta = {"id": "r", "e2e_latency": 2.0, "finish_reason": {"type": "length"}}
+    assert timeline(meta, True, CALL, SEEN, FIRST, NOW, None) == (
+        SEEN - 2 * NS,
+        SEEN,
+        FIRST,
+        None,
+        "engine_latency",
+    )
+    non_streamed = timeline(meta, False, CALL, SEEN, None, NOW, None)
+    assert non_streamed == (SEEN - 2 * NS, SEEN, None, None, "engine_latency")
+
+
 @pytest.mark.parametrize(
     "meta, error",
     [
