@@ -360,12 +360,12 @@ def test_uninstrument_restores_originals(
         engine.generate(prompt="x", sampling_params=params(2))
         assert not otel.finished_spans()
 
-        # An unsupported version: one clear log line, nothing patched, no exception.
-        monkeypatch.setattr(shared_instrumentation, "module_version", lambda name: "0.4.9")
+        # An unsupported version (below 0.4.9): one clear log line, nothing patched, no exception.
+        monkeypatch.setattr(shared_instrumentation, "module_version", lambda name: "0.4.8")
         with caplog.at_level(logging.WARNING, logger="otel_rollout.instrumentation"):
             instrumented.instrument()
         (record,) = [r for r in caplog.records if r.name == "otel_rollout.instrumentation"]
-        assert "0.4.9" in record.getMessage() and "not instrumented" in record.getMessage()
+        assert "0.4.8" in record.getMessage() and "not instrumented" in record.getMessage()
         for owner, name in names:
             assert vars(owner)[name] is originals[name]
         instrumented.uninstrument()
