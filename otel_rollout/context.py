@@ -51,8 +51,11 @@ def current_step(ctx: Context | None = None) -> StepCollector | None:
 def step_number(ctx: Context | None = None) -> int | None:
     """The step of this context: a local step scope, else ``rollout.step`` baggage (other processes)."""
     step = current_step(ctx)
-    if step is not None:
-        return step.step
+    return step.step if step is not None else baggage_step(ctx)
+
+
+def baggage_step(ctx: Context | None = None) -> int | None:
+    """The step number ``rollout.step`` baggage carries: a step open in another process."""
     value = baggage.get_baggage(ROLLOUT_STEP, ctx)
     try:
         return int(str(value)) if value is not None else None

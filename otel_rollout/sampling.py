@@ -53,7 +53,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from otel_rollout.context import current_step, step_number
+from otel_rollout.context import baggage_step, current_step
 from otel_rollout.record import FINISH_ABORT, FINISH_LENGTH, RequestRecord
 
 if TYPE_CHECKING:
@@ -308,5 +308,5 @@ def state_for(ctx: Context | None = None) -> StepSampling | None:
     step = current_step(ctx)
     if step is not None:
         return getattr(step, "sampling", None)
-    number = step_number(ctx)
+    number = baggage_step(ctx)
     return None if number is None else remote_state(number)

@@ -42,7 +42,7 @@ from otel_rollout.attributes import (
     step_span_attributes,
 )
 from otel_rollout.config import RolloutConfig, load_config
-from otel_rollout.context import collectors, current_step, step_number
+from otel_rollout.context import baggage_step, collectors, current_step, step_number
 from otel_rollout.emitter import PACE_WAIT_S, Emitter, Pacer, before_flush, register_exit_drain
 from otel_rollout.guard import LogOnce
 from otel_rollout.ids import PresetIds
@@ -200,7 +200,7 @@ class Telemetry:
             if step is not None:  # its live progress, and its sampling's count
                 step.requests_started(count)
             elif not self._sampling.keeps_all:
-                number = step_number(ctx)  # a step open in another process
+                number = baggage_step(ctx)  # a step open in another process
                 if number is not None:
                     sampling.remote_state(number).requests_started(count)
             return self.engine_activity(model).change(count, operation)
