@@ -153,10 +153,9 @@ def floor_for(telemetry: Any, records: list[Any], parent_fn: Any) -> Any:
             hist.append((telemetry.tpot, rec.tpot_s, mattrs))
         if rec.queue_time_s is not None:
             hist.append((telemetry.queue_time, rec.queue_time_s, mattrs))
-        hist.append((telemetry.tokens, rec.prompt_tokens, {**mattrs, "gen_ai.token.type": "input"}))
-        hist.append(
-            (telemetry.tokens, rec.output_tokens, {**mattrs, "gen_ai.token.type": "output"})
-        )
+        tokens = telemetry.tokens.histogram  # the default conventions' one token histogram
+        hist.append((tokens, rec.prompt_tokens, {**mattrs, "gen_ai.token.type": "input"}))
+        hist.append((tokens, rec.output_tokens, {**mattrs, "gen_ai.token.type": "output"}))
         prepared.append(
             (
                 f"{rec.operation} {rec.model}",

@@ -16,6 +16,7 @@ from opentelemetry.semconv.attributes import error_attributes
 
 from otel_rollout.figures import STEP_FIGURES
 from otel_rollout.semconv import (
+    GEN_AI_TOKEN_MODALITY,
     ROLLOUT_CACHED_TOKENS,
     ROLLOUT_DECODE_TIME,
     ROLLOUT_FINISH_REASON,
@@ -76,16 +77,26 @@ def base_attributes(provider: str, model: str, operation: str) -> dict[str, str]
 
 
 def metric_attribute_sets(
-    provider: str, record: RequestRecord
+    provider: str, record: RequestRecord, gen_ai_latest: bool = False
 ) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     """A request's metric labels: (all figures, input tokens, output tokens). Bounded: model,
-    operation, finish reason and error type — never a request id or prompt text."""
+    operation, finish reason and error type — never a request id or prompt text.
+
+    The token sets add ``gen_ai.token.type`` (the default conventions' one token histogram), or
+    with ``gen_ai_latest`` the usage counters' ``gen_ai.token.modality``: ``unknown`` for input
+    (the engines do not split a multimodal prompt's count), ``text`` for output."""
     attrs = base_attributes(provider, record.model, record.operation)
     reason = record.finish_reason
     if reason is not None:
         attrs[ROLLOUT_FINISH_REASON] = reason
     if record.error is not None:
         attrs[error_attributes.ERROR_TYPE] = type(record.error).__qualname__
+    if gen_ai_latest:
+        return (
+            attrs,
+            {**attrs, GEN_AI_TOKEN_MODALITY: "unknown"},
+            {**attrs, GEN_AI_TOKEN_MODALITY: "text"},
+        )
     return (
         attrs,
         {**attrs, GenAI.GEN_AI_TOKEN_TYPE: "input"},
@@ -94,9 +105,15 @@ def metric_attribute_sets(
 
 
 def request_span_attributes(
-    record: RequestRecord, step: int | None, capture_content: bool, content_max_length: int
+    record: RequestRecord,
+    step: int | None,
+    capture_content: bool,
+    content_max_length: int,
+    gen_ai_latest: bool = False,
 ) -> dict[str, Any]:
-    """A request span's attributes (README's request-span table); content only on opt-in."""
+    """A request span's attributes (README's request-span table); content only on opt-in.
+    With ``gen_ai_latest`` the cached prompt tokens are ``gen_ai.usage.cache_read.input_tokens``
+    (the GenAI name), else ``rollout.usage.cached_tokens`` as before."""
     attrs: dict[str, Any] = {
         GenAI.GEN_AI_OPERATION_NAME: record.operation,
         GenAI.GEN_AI_PROVIDER_NAME: record.provider,
@@ -111,7 +128,10 @@ def request_span_attributes(
         (GenAI.GEN_AI_REQUEST_CHOICE_COUNT, record.n),
         (GenAI.GEN_AI_USAGE_INPUT_TOKENS, record.prompt_tokens),
         (GenAI.GEN_AI_USAGE_OUTPUT_TOKENS, record.output_tokens),
-        (ROLLOUT_CACHED_TOKENS, record.cached_tokens),
+        (
+            GenAI.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS if gen_ai_latest else ROLLOUT_CACHED_TOKENS,
+            record.cached_tokens,
+        ),
         (ROLLOUT_PREEMPTIONS, record.preemptions),
         (ROLLOUT_SPEC_DRAFT_TOKENS, record.spec_draft_tokens),
         (ROLLOUT_SPEC_ACCEPTED_TOKENS, record.spec_accepted_tokens),

@@ -132,6 +132,11 @@ IDLE_CAPACITY_BUCKETS: tuple[float, ...] = (
 
 CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 """The standard GenAI opt-in; we read it rather than inventing our own."""
+SEMCONV_OPT_IN_ENV = "OTEL_SEMCONV_STABILITY_OPT_IN"
+"""The standard semantic-conventions opt-in (a comma-separated list, one value per signal)."""
+GEN_AI_LATEST = "gen_ai_latest_experimental"
+"""Its GenAI value: the GenAI conventions' newest names (semantic-conventions-genai), as
+OpenTelemetry contrib's instrumentations read it."""
 
 
 class ConfigError(ValueError):
@@ -178,6 +183,7 @@ class RolloutConfig:
     step_log: str | None = None
     http_paths: tuple[str, ...] = ("/v1/completions", "/v1/chat/completions", "/generate")
     capture_content: bool = False
+    gen_ai_latest: bool = False
     problems: tuple[Problem, ...] = field(default=(), compare=False)
 
 
@@ -484,6 +490,15 @@ def _capture_content(environ: Mapping[str, str]) -> tuple[bool, Problem | None]:
         return False, Problem(CAPTURE_CONTENT_ENV, raw, str(exc), "false")
 
 
+def _gen_ai_latest(environ: Mapping[str, str]) -> bool:
+    """Contrib's rule (``_OpenTelemetrySemanticConventionStability``): the list holds
+    ``gen_ai_latest_experimental``. Any other value belongs to another signal's instrumentation
+    (``http``, ``database``), so nothing here is malformed. Read per configuration, not once per
+    process as contrib caches it, so each ``load_config`` sees the environment it is given."""
+    raw = environ.get(SEMCONV_OPT_IN_ENV) or ""
+    return GEN_AI_LATEST in (part.strip() for part in raw.split(","))
+
+
 def load_config(environ: Mapping[str, str] | None = None, *, warn: bool = True) -> RolloutConfig:
     """Read the environment; never raises. ``warn`` logs each problem once, as a warning."""
     env = os.environ if environ is None else environ
@@ -496,6 +511,7 @@ def load_config(environ: Mapping[str, str] | None = None, *, warn: bool = True) 
     values["capture_content"], problem = _capture_content(env)
     if problem:
         problems.append(problem)
+    values["gen_ai_latest"] = _gen_ai_latest(env)
     if warn:
         for problem in problems:
             _logger.warning("otel_rollout: %s", problem.message())
@@ -569,6 +585,14 @@ def describe(config: RolloutConfig) -> list[tuple[str, str, str]]:
             CAPTURE_CONTENT_ENV,
             str(config.capture_content).lower(),
             "Standard GenAI opt-in: record prompt and response text on spans.",
+        )
+    )
+    rows.append(
+        (
+            SEMCONV_OPT_IN_ENV,
+            GEN_AI_LATEST if config.gen_ai_latest else "(unset)",
+            f"Standard opt-in: {GEN_AI_LATEST} switches token metrics (and the cached-token "
+            "span attribute) to the GenAI conventions' newest names.",
         )
     )
     return rows

@@ -46,7 +46,11 @@ from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
 
 from otel_rollout.config import RolloutConfig, load_config
 from otel_rollout.sdk_internals import ChoosingAggregation, ReservoirFactory, aligned_reservoir
-from otel_rollout.semconv import ROLLOUT_QUEUE_TIME
+from otel_rollout.semconv import (
+    GEN_AI_OPERATION_INPUT_TOKENS,
+    GEN_AI_OPERATION_OUTPUT_TOKENS,
+    ROLLOUT_QUEUE_TIME,
+)
 
 _logger = logging.getLogger(__name__)
 
@@ -60,6 +64,8 @@ EXPONENTIAL_INSTRUMENTS: dict[str, str] = {
     gen_ai_metrics.GEN_AI_SERVER_TIME_TO_FIRST_TOKEN: "ttft_buckets",
     gen_ai_metrics.GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN: "tpot_buckets",
     gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE: "token_buckets",
+    GEN_AI_OPERATION_INPUT_TOKENS: "token_buckets",  # with gen_ai_latest_experimental
+    GEN_AI_OPERATION_OUTPUT_TOKENS: "token_buckets",
     ROLLOUT_QUEUE_TIME: "latency_buckets",
 }
 
@@ -87,7 +93,7 @@ def explicit_bounds(name: str, config: RolloutConfig) -> tuple[float, ...] | Non
 
 
 class RolloutHistogramAggregation(ChoosingAggregation):
-    """Exponential for our five long-tail instruments, the SDK default for everything else.
+    """Exponential for our long-tail instruments, the SDK default for everything else.
 
     A reader's ``preferred_aggregation`` applies to *every* histogram it sees; this aggregation
     narrows it to ``otel_rollout.*`` instruments listed in :data:`EXPONENTIAL_INSTRUMENTS`, so

@@ -17,6 +17,11 @@ from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
 from otel_rollout.config import RolloutConfig
 from otel_rollout.figures import COUNT_BUCKETS, STEP_FIGURES, step_metrics
 from otel_rollout.semconv import (
+    GEN_AI_OPERATION_INPUT_TOKENS,
+    GEN_AI_OPERATION_OUTPUT_TOKENS,
+    GEN_AI_USAGE_CACHE_READ_COUNTER,
+    GEN_AI_USAGE_INPUT_TOKENS_COUNTER,
+    GEN_AI_USAGE_OUTPUT_TOKENS_COUNTER,
     METRIC_TELEMETRY_DROPPED,
     ROLLOUT_QUEUE_TIME,
     ROLLOUT_STATISTIC,
@@ -33,8 +38,9 @@ if TYPE_CHECKING:
 
 
 class RequestInstruments:
-    """The GenAI request histograms (duration, time to first token, time per output token,
-    tokens), queue time, and the counter of spans a full emitter queue dropped."""
+    """The GenAI request histograms (duration, time to first token, time per output token),
+    the token figures in the conventions the configuration chose, queue time, and the counter of
+    spans a full emitter queue dropped."""
 
     def __init__(self, meter: Meter, config: RolloutConfig) -> None:
         lat = config.latency_buckets
@@ -56,11 +62,8 @@ class RequestInstruments:
             description="Decode time per output token after the first.",
             explicit_bucket_boundaries_advisory=config.tpot_buckets,
         )
-        self.tokens = meter.create_histogram(
-            gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE,
-            unit="{token}",
-            description="Input and output tokens per request; output is the response length.",
-            explicit_bucket_boundaries_advisory=config.token_buckets,
+        self.tokens: TokenUsage | LatestTokens = (
+            LatestTokens(meter, config) if config.gen_ai_latest else TokenUsage(meter, config)
         )
         self.queue_time = meter.create_histogram(
             ROLLOUT_QUEUE_TIME,
@@ -83,7 +86,7 @@ class RequestInstruments:
         ctx: Context,
     ) -> None:
         """One request's points, in ``ctx`` (its span's: exemplars name it)."""
-        attrs, inputs, outputs = labels
+        attrs = labels[0]
         self.duration.record(record.duration_s, attrs, context=ctx)
         if (ttft := record.ttft_s) is not None:
             self.ttft.record(ttft, attrs, context=ctx)
@@ -91,10 +94,81 @@ class RequestInstruments:
             self.tpot.record(tpot, attrs, context=ctx)
         if (queue := record.queue_time_s) is not None:
             self.queue_time.record(queue, attrs, context=ctx)
+        self.tokens.record(record, labels, ctx)
+
+
+class TokenUsage:
+    """Tokens in the default conventions: one ``gen_ai.client.token.usage`` histogram, input and
+    output told apart by ``gen_ai.token.type`` (the conventions of opentelemetry.semconv)."""
+
+    def __init__(self, meter: Meter, config: RolloutConfig) -> None:
+        self.histogram = meter.create_histogram(
+            gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE,
+            unit="{token}",
+            description="Input and output tokens per request; output is the response length.",
+            explicit_bucket_boundaries_advisory=config.token_buckets,
+        )
+
+    def record(
+        self,
+        record: RequestRecord,
+        labels: tuple[dict[str, str], dict[str, str], dict[str, str]],
+        ctx: Context,
+    ) -> None:
+        _, inputs, outputs = labels
         if record.prompt_tokens is not None:
-            self.tokens.record(record.prompt_tokens, inputs, context=ctx)
+            self.histogram.record(record.prompt_tokens, inputs, context=ctx)
         if record.output_tokens is not None:
-            self.tokens.record(record.output_tokens, outputs, context=ctx)
+            self.histogram.record(record.output_tokens, outputs, context=ctx)
+
+
+class LatestTokens:
+    """Tokens in the GenAI conventions' newest names (``OTEL_SEMCONV_STABILITY_OPT_IN=
+    gen_ai_latest_experimental``): per-request histograms without a token-type label, and usage
+    counters by modality, the cache-read one among them. The counters' sums equal the
+    histograms' (every request's count is added once to each), so a rate of tokens needs no
+    histogram sum."""
+
+    def __init__(self, meter: Meter, config: RolloutConfig) -> None:
+        def histogram(name: str, what: str) -> metrics.Histogram:
+            return meter.create_histogram(
+                name,
+                unit="{token}",
+                description=f"{what} per request.",
+                explicit_bucket_boundaries_advisory=config.token_buckets,
+            )
+
+        def counter(name: str, what: str) -> metrics.Counter:
+            return meter.create_counter(name, unit="{token}", description=what)
+
+        self.input_histogram = histogram(GEN_AI_OPERATION_INPUT_TOKENS, "Input (prompt) tokens")
+        self.output_histogram = histogram(
+            GEN_AI_OPERATION_OUTPUT_TOKENS, "Output tokens (the response length)"
+        )
+        self.input_usage = counter(
+            GEN_AI_USAGE_INPUT_TOKENS_COUNTER, "Input (prompt) tokens, cached ones included."
+        )
+        self.output_usage = counter(GEN_AI_USAGE_OUTPUT_TOKENS_COUNTER, "Output tokens.")
+        self.cache_read_usage = counter(
+            GEN_AI_USAGE_CACHE_READ_COUNTER,
+            "Input tokens the engine served from its prefix cache.",
+        )
+
+    def record(
+        self,
+        record: RequestRecord,
+        labels: tuple[dict[str, str], dict[str, str], dict[str, str]],
+        ctx: Context,
+    ) -> None:
+        attrs, modal_in, modal_out = labels  # modal_*: + gen_ai.token.modality
+        if (prompt := record.prompt_tokens) is not None:
+            self.input_histogram.record(prompt, attrs, context=ctx)
+            self.input_usage.add(prompt, modal_in, context=ctx)
+            if (cached := record.cached_tokens) is not None:
+                self.cache_read_usage.add(cached, modal_in, context=ctx)
+        if (output := record.output_tokens) is not None:
+            self.output_histogram.record(output, attrs, context=ctx)
+            self.output_usage.add(output, modal_out, context=ctx)
 
 
 class StepInstruments:

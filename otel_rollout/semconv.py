@@ -1,8 +1,10 @@
 """Names otel_rollout emits that the OpenTelemetry semantic conventions do not (yet) define.
 
 GenAI and error names come from ``opentelemetry.semconv`` wherever a constant exists; this module
-holds only our own ``rollout.*`` names, each once, so a dashboard or a rule can be checked against
+holds our own ``rollout.*`` names, each once, so a dashboard or a rule can be checked against
 one list. Where a step-span attribute and a step metric mean the same figure they share one name.
+It also holds the few GenAI names newer than the ``opentelemetry-semantic-conventions`` package
+(the ``gen_ai_latest_experimental`` opt-in's), until that package has constants for them.
 """
 
 from __future__ import annotations
@@ -208,3 +210,21 @@ STEP_TOOL_SHARE = "rollout.step.trajectory.tool_share"
 """Share of the step's trajectory-seconds spent in tool calls: on the step span and a metric."""
 STEP_ATTR_SLOWEST_TRAJECTORIES = "rollout.step.trajectory.slowest"
 """Span ids (hex) of the step's slowest trajectories, slowest first: their spans are in the step's trace."""
+
+# --- GenAI names of semantic-conventions-genai that opentelemetry.semconv has no constant for ---
+# Emitted only with OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental, in place of
+# gen_ai.client.token.usage (removed there; see its migration guide).
+GEN_AI_USAGE_INPUT_TOKENS_COUNTER = "gen_ai.client.inference.usage.input_tokens"
+"""Counter: input tokens spent, by ``gen_ai.token.modality``; its rate is the prompt-token rate."""
+GEN_AI_USAGE_OUTPUT_TOKENS_COUNTER = "gen_ai.client.inference.usage.output_tokens"
+GEN_AI_USAGE_CACHE_READ_COUNTER = "gen_ai.client.inference.usage.cache_read.input_tokens"
+"""Counter: the input tokens the engine served from its prefix cache (a subset of the input
+tokens), where the engine reports them per request."""
+GEN_AI_OPERATION_INPUT_TOKENS = "gen_ai.client.inference.operation.input_tokens"
+"""Histogram: input tokens per request (no modality label: percentiles do not add up)."""
+GEN_AI_OPERATION_OUTPUT_TOKENS = "gen_ai.client.inference.operation.output_tokens"
+"""Histogram: output tokens per request, the response length."""
+GEN_AI_TOKEN_MODALITY = "gen_ai.token.modality"
+"""On the usage counters: ``text`` for output tokens (the engines generate text), ``unknown``
+for input tokens (a prompt's count includes a multimodal model's image tokens, and the engines
+do not split it)."""

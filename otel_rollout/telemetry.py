@@ -518,7 +518,11 @@ class Telemetry:
     def _span_attributes(self, record: RequestRecord, parent: Context | None) -> dict[str, Any]:
         config = self.config
         return request_span_attributes(
-            record, step_number(parent), config.capture_content, config.content_max_length
+            record,
+            step_number(parent),
+            config.capture_content,
+            config.content_max_length,
+            config.gen_ai_latest,
         )
 
     def _metric_attributes(
@@ -530,7 +534,7 @@ class Telemetry:
         key = (record.model, record.operation, record.finish_reason, error)
         cached = self._label_sets.get(key)
         if cached is None:
-            cached = metric_attribute_sets(self.provider, record)
+            cached = metric_attribute_sets(self.provider, record, self.config.gen_ai_latest)
             if len(self._label_sets) < 4096:  # bounded even if error types are not
                 self._label_sets[key] = cached
         return cached

@@ -144,6 +144,27 @@ def heatmap_expr(metric: str, selector: str) -> str:
     )
 
 
+def output_tokens_heatmap() -> str:
+    """Response lengths in either GenAI convention: ``gen_ai.client.token.usage`` (type output),
+    else ``gen_ai.client.inference.operation.output_tokens`` (OTEL_SEMCONV_STABILITY_OPT_IN=
+    gen_ai_latest_experimental); each native, else classic."""
+    default = heatmap_expr("gen_ai_client_token_usage", f'{REQ}, gen_ai_token_type="output"')
+    latest = heatmap_expr("gen_ai_client_inference_operation_output_tokens", REQ)
+    return f"{default} or on() {latest}"
+
+
+def token_rate_by_type() -> str:
+    """Tokens per second by ``gen_ai_token_type`` in either GenAI convention: the default one's
+    histogram sums, else the newest conventions' usage counters, labelled input / output."""
+    default = sum_rate("gen_ai_client_token_usage", REQ, by="gen_ai_token_type")
+    latest = [
+        f"label_replace(sum (rate(gen_ai_client_inference_usage_{kind}_tokens_total{{{REQ}}}"
+        f'[{RI}])), "gen_ai_token_type", "{kind}", "", "")'
+        for kind in ("input", "output")
+    ]
+    return " or ".join([default, *latest])
+
+
 def legend_bottom() -> cb.VizLegendOptions:
     return (
         cb.VizLegendOptions()
@@ -266,7 +287,7 @@ def row_latency(d: db.Dashboard) -> db.Dashboard:
     d = d.with_panel(
         latency_heatmap(
             "Response length (output tokens)",
-            heatmap_expr("gen_ai_client_token_usage", f'{REQ}, gen_ai_token_type="output"'),
+            output_tokens_heatmap(),
             "short",
             "Output tokens per request; a length tail drives the latency tail.",
         )
@@ -653,7 +674,7 @@ def row_engines(d: db.Dashboard) -> db.Dashboard:
             "short",
             prom(
                 "A",
-                sum_rate("gen_ai_client_token_usage", REQ, by="gen_ai_token_type"),
+                token_rate_by_type(),
                 "{{gen_ai_token_type}} tokens/s",
             ),
             w=12,

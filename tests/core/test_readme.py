@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from otel_rollout.config import CAPTURE_CONTENT_ENV, SETTINGS
+from otel_rollout.config import CAPTURE_CONTENT_ENV, SEMCONV_OPT_IN_ENV, SETTINGS
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -16,7 +16,7 @@ def test_readme_documents_every_setting() -> None:
         for line in text.splitlines()
         if line.startswith("| `OTEL_")
     }
-    assert {s.env for s in SETTINGS} | {CAPTURE_CONTENT_ENV} <= rows
+    assert {s.env for s in SETTINGS} | {CAPTURE_CONTENT_ENV, SEMCONV_OPT_IN_ENV} <= rows
 
 
 def test_readme_opens_with_the_two_commands() -> None:

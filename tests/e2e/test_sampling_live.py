@@ -4,6 +4,12 @@
 
 Every request is counted in Prometheus; only a share of the request spans arrives; every exemplar
 Prometheus stores names a span that arrived (a click on a bucket never leads nowhere).
+
+The run also opts in to the GenAI conventions' newest names
+(``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``): on a real engine under
+``opentelemetry-instrument``, its token counters hold every request's exact output tokens and
+the old token histogram is gone (tests/pipeline/test_semconv_prometheus.py runs the dashboards'
+token queries on both conventions).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ def sampled_run(
         OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint,
         OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
         OTEL_EXPORTER_PROMETHEUS_PORT=str(port),
+        OTEL_SEMCONV_STABILITY_OPT_IN="http,gen_ai_latest_experimental",
     )
     assert not any(k.startswith("OTEL_ROLLOUT_SAMPLE") for k in env), "the defaults are tested"
     workload = lingering_workload(
@@ -84,3 +91,18 @@ def test_counts_are_complete_spans_are_sampled_and_exemplars_resolve(sampled_run
     exemplars = sampled_run.prom.exemplars(NATIVE)
     assert exemplars
     assert {e["labels"]["span_id"] for e in exemplars} <= {s.span_id.hex() for s in spans}
+
+
+def test_newest_genai_token_metrics_count_every_request(sampled_run: Run) -> None:
+    prom, truth = sampled_run.prom, sampled_run.truth
+    outputs = sum(t["output_tokens"] for t in truth)
+    assert prom.scalar("sum(gen_ai_client_inference_usage_output_tokens_total)") == outputs
+    histogram = "gen_ai_client_inference_operation_output_tokens"
+    assert prom.scalar(f"histogram_sum(sum({histogram}))") == outputs
+    assert prom.scalar(f"histogram_count(sum({histogram}))") == len(truth)
+    assert prom.scalar("sum(gen_ai_client_inference_usage_input_tokens_total)") > 0
+    assert not prom.query("gen_ai_client_token_usage")  # the default name is not emitted
+    spans = sampled_run.request_spans()
+    cached = [attr(s.attributes, "gen_ai.usage.cache_read.input_tokens") for s in spans]
+    assert all(c is not None for c in cached)  # vLLM reports cached tokens per request
+    assert all(attr(s.attributes, "rollout.usage.cached_tokens") is None for s in spans)

@@ -116,6 +116,8 @@ def test_long_tail_dashboard_content(dashboards: dict[str, dict]) -> None:
     for metric in (
         "gen_ai_server_request_duration_seconds_bucket",
         "gen_ai_client_token_usage_bucket",
+        "gen_ai_client_inference_operation_output_tokens_bucket",  # gen_ai_latest_experimental
+        "gen_ai_client_inference_usage_output_tokens_total",
         "rollout_step_tail_duration_seconds",
         "rollout_step_straggler_ratio",
         "rollout_step_tail_requests",
