@@ -127,17 +127,24 @@ class EngineActivity:
         in flight is known (:meth:`oldest_age_s`): stragglers are the oldest, so an end without
         it releases the oldest start, an approximation only callers that cannot tell use.
         """
+        # Twice per request (its start and end): plain comparisons, not max(), on this path, and
+        # busy / idle time accrued only where this change turns one into the other (between two
+        # such turns the state is constant; reads accrue up to their own time, :meth:`totals`).
         if delta > 0:
             self.weights.generation_started()
         with self._lock:
             now = time.monotonic_ns()
-            self._accrue(now)
             was = self.active
-            self.active = max(0, self.active + delta)
+            active = was + delta
+            if (was > 0) != (active > 0):
+                self._accrue(now)
+            self.active = active if active > 0 else 0
             ops = self.by_operation
-            ops[operation] = max(0, ops.get(operation, 0) + delta)
+            running = ops.get(operation, 0) + delta
+            ops[operation] = running if running > 0 else 0
             if delta > 0:
-                self._starts[now] = self._starts.get(now, 0) + delta
+                starts = self._starts
+                starts[now] = starts.get(now, 0) + delta
                 if was == 0:
                     self.progress_ns = now  # silence counts from when work arrived
             elif delta < 0:

@@ -17,6 +17,7 @@ from opentelemetry.semconv.attributes import error_attributes
 from otel_rollout.figures import STEP_FIGURES
 from otel_rollout.semconv import (
     GEN_AI_TOKEN_MODALITY,
+    GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
     ROLLOUT_CACHED_TOKENS,
     ROLLOUT_DECODE_TIME,
     ROLLOUT_FINISH_REASON,
@@ -104,6 +105,35 @@ def metric_attribute_sets(
     )
 
 
+_OPTIONAL_KEYS = (
+    GenAI.GEN_AI_RESPONSE_ID,
+    GenAI.GEN_AI_REQUEST_MAX_TOKENS,
+    GenAI.GEN_AI_REQUEST_TEMPERATURE,
+    GenAI.GEN_AI_REQUEST_TOP_P,
+    GenAI.GEN_AI_REQUEST_CHOICE_COUNT,
+    GenAI.GEN_AI_USAGE_INPUT_TOKENS,
+    GenAI.GEN_AI_USAGE_OUTPUT_TOKENS,
+    ROLLOUT_CACHED_TOKENS,
+    ROLLOUT_PREEMPTIONS,
+    ROLLOUT_SPEC_DRAFT_TOKENS,
+    ROLLOUT_SPEC_ACCEPTED_TOKENS,
+    ROLLOUT_SAMPLING_REASON,
+    ROLLOUT_QUEUE_TIME,
+    ROLLOUT_TTFT,
+    ROLLOUT_PREFILL_TIME,
+    ROLLOUT_DECODE_TIME,
+    ROLLOUT_STEP,
+    ROLLOUT_WEIGHT_VERSION,
+)
+"""A request span's optional attributes, each set where the record has a value; in the order of
+:func:`request_span_attributes`' values (built once here: the span of every request reads it)."""
+_LATEST_KEYS = tuple(
+    GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS if key == ROLLOUT_CACHED_TOKENS else key
+    for key in _OPTIONAL_KEYS
+)
+"""The same with ``gen_ai_latest_experimental``: the cached tokens under their GenAI name."""
+
+
 def request_span_attributes(
     record: RequestRecord,
     step: int | None,
@@ -120,30 +150,27 @@ def request_span_attributes(
         GenAI.GEN_AI_REQUEST_MODEL: record.model,
         ROLLOUT_TIMING_SOURCE: record.timing_source,
     }
-    optional: tuple[tuple[str, object], ...] = (
-        (GenAI.GEN_AI_RESPONSE_ID, record.request_id),
-        (GenAI.GEN_AI_REQUEST_MAX_TOKENS, record.max_tokens),
-        (GenAI.GEN_AI_REQUEST_TEMPERATURE, record.temperature),
-        (GenAI.GEN_AI_REQUEST_TOP_P, record.top_p),
-        (GenAI.GEN_AI_REQUEST_CHOICE_COUNT, record.n),
-        (GenAI.GEN_AI_USAGE_INPUT_TOKENS, record.prompt_tokens),
-        (GenAI.GEN_AI_USAGE_OUTPUT_TOKENS, record.output_tokens),
-        (
-            GenAI.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS if gen_ai_latest else ROLLOUT_CACHED_TOKENS,
-            record.cached_tokens,
-        ),
-        (ROLLOUT_PREEMPTIONS, record.preemptions),
-        (ROLLOUT_SPEC_DRAFT_TOKENS, record.spec_draft_tokens),
-        (ROLLOUT_SPEC_ACCEPTED_TOKENS, record.spec_accepted_tokens),
-        (ROLLOUT_SAMPLING_REASON, None if record.kept == "all" else record.kept),
-        (ROLLOUT_QUEUE_TIME, record.queue_time_s),
-        (ROLLOUT_TTFT, record.ttft_s),
-        (ROLLOUT_PREFILL_TIME, record.prefill_time_s),
-        (ROLLOUT_DECODE_TIME, record.decode_time_s),
-        (ROLLOUT_STEP, step),
-        (ROLLOUT_WEIGHT_VERSION, record.weight_version),
+    values = (
+        record.request_id,
+        record.max_tokens,
+        record.temperature,
+        record.top_p,
+        record.n,
+        record.prompt_tokens,
+        record.output_tokens,
+        record.cached_tokens,
+        record.preemptions,
+        record.spec_draft_tokens,
+        record.spec_accepted_tokens,
+        None if record.kept == "all" else record.kept,
+        record.queue_time_s,
+        record.ttft_s,
+        record.prefill_time_s,
+        record.decode_time_s,
+        step,
+        record.weight_version,
     )
-    for key, value in optional:
+    for key, value in zip(_LATEST_KEYS if gen_ai_latest else _OPTIONAL_KEYS, values, strict=True):
         if value is not None:
             attrs[key] = value
     if record.finish_reasons:

@@ -8,7 +8,7 @@ how the step was opened.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
 
 from opentelemetry import baggage
 from opentelemetry import context as otel_context
@@ -87,3 +87,28 @@ def with_trajectory(collector: RecordCollector | None, ctx: Context) -> Context:
 def collectors(ctx: Context | None = None) -> tuple[RecordCollector, ...]:
     """Everything that collects this context's finished requests: its step, its trajectory."""
     return tuple(c for c in (current_step(ctx), current_trajectory(ctx)) if c is not None)
+
+
+class StepView(NamedTuple):
+    """What a hand-over needs to know of its context, looked up once (each lookup is a context
+    read, and the baggage one a parse; the request path asked four times per request)."""
+
+    step: StepCollector | None
+    """The step open in this process, if any."""
+    number: int | None
+    """Its number, else the number ``rollout.step`` baggage carries (a step open elsewhere)."""
+    collectors: tuple[RecordCollector, ...]
+    """Everything that collects the context's finished requests: its step, its trajectory."""
+
+
+def step_view(ctx: Context | None = None) -> StepView:
+    """:func:`current_step`, :func:`step_number` and :func:`collectors` of ``ctx`` at once."""
+    step = current_step(ctx)
+    trajectory = current_trajectory(ctx)
+    if step is not None:
+        number = step.step
+        found: tuple[RecordCollector, ...] = (step,) if trajectory is None else (step, trajectory)
+    else:
+        number = baggage_step(ctx)
+        found = () if trajectory is None else (trajectory,)
+    return StepView(step, number, found)

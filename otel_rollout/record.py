@@ -8,6 +8,7 @@ epoch nanoseconds. Adapters hand over whatever the engine gave them, tagged with
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -72,7 +73,13 @@ def model_label(name: object) -> str:
     """
     if isinstance(name, (list, tuple)):
         name = name[0] if name else None
-    text = str(name or "unknown")
+    return _label(str(name or "unknown"))
+
+
+@functools.lru_cache(maxsize=256)
+def _label(text: str) -> str:
+    """:func:`model_label` of one name, remembered: it is asked once per request, and a process
+    serves a handful of models (a path's parsing cost ~2 µs a request)."""
     if not os.path.isabs(text):
         return text
     parts = [p for p in text.replace(os.sep, "/").split("/") if p]
@@ -164,6 +171,9 @@ class RequestRecord:
     weight_version: int | str | None = None
     """The engine's weight version when the request arrived (:mod:`otel_rollout.versions`);
     ``None`` where no version was ever seen."""
+    step: int | None = None
+    """The training step it was handed over in (its context's, looked up once at hand-over:
+    the span, made later on the emitter's thread, carries it as ``rollout.step``)."""
 
     @property
     def trace_hex(self) -> str | None:

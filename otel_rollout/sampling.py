@@ -53,7 +53,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from otel_rollout.context import baggage_step, current_step
+from otel_rollout.context import StepView, step_view
 from otel_rollout.record import FINISH_ABORT, FINISH_LENGTH, RequestRecord
 
 if TYPE_CHECKING:
@@ -305,8 +305,11 @@ def remote_state(step: int) -> StepSampling:
 def state_for(ctx: Context | None = None) -> StepSampling | None:
     """The sampling state of the step of ``ctx``: its local ``rollout_step``'s, or by the step's
     number (baggage) where the step is open in another process; ``None`` outside any step."""
-    step = current_step(ctx)
-    if step is not None:
-        return getattr(step, "sampling", None)
-    number = baggage_step(ctx)
-    return None if number is None else remote_state(number)
+    return state_of(step_view(ctx))
+
+
+def state_of(view: StepView) -> StepSampling | None:
+    """:func:`state_for` of a context already looked up (:func:`~otel_rollout.context.step_view`)."""
+    if view.step is not None:
+        return getattr(view.step, "sampling", None)
+    return None if view.number is None else remote_state(view.number)

@@ -224,6 +224,10 @@ GEN_AI_OPERATION_INPUT_TOKENS = "gen_ai.client.inference.operation.input_tokens"
 """Histogram: input tokens per request (no modality label: percentiles do not add up)."""
 GEN_AI_OPERATION_OUTPUT_TOKENS = "gen_ai.client.inference.operation.output_tokens"
 """Histogram: output tokens per request, the response length."""
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+"""Span attribute: cached prompt tokens (``rollout.usage.cached_tokens`` by default). Ours here,
+not the package's constant: opentelemetry-semantic-conventions 0.58b0, the oldest we declare,
+lacks it."""
 GEN_AI_TOKEN_MODALITY = "gen_ai.token.modality"
 """On the usage counters: ``text`` for output tokens (the engines generate text), ``unknown``
 for input tokens (a prompt's count includes a multimodal model's image tokens, and the engines

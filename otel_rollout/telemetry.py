@@ -42,7 +42,7 @@ from otel_rollout.attributes import (
     step_span_attributes,
 )
 from otel_rollout.config import RolloutConfig, load_config
-from otel_rollout.context import baggage_step, collectors, current_step, step_number
+from otel_rollout.context import StepView, baggage_step, current_step, step_view
 from otel_rollout.emitter import PACE_WAIT_S, Emitter, Pacer, before_flush, register_exit_drain
 from otel_rollout.guard import LogOnce
 from otel_rollout.ids import PresetIds
@@ -157,6 +157,7 @@ class Telemetry:
             tuple[dict[str, str], dict[str, str], dict[str, str]],
         ] = {}
         self.instruments = RequestInstruments(meter, config)
+        self._pace_spans = _pace_every()  # read once: an environment read costs ~3 µs a call
         meter_observers(meter).members.add(self)
 
     duration = _instrument("duration")
@@ -288,13 +289,16 @@ class Telemetry:
             if self._preset is None and isinstance(self.tracer, trace.ProxyTracer):
                 self._resolve_proxy()
             self._stamp_weight_versions(records)
+            view = step_view(parent)  # once per hand-over: its step, number and collectors
+            for record in records:
+                record.step = view.number
             if capacity <= 0 or self._preset is None:
-                waiting = self._sample(records, parent)
-                self._emit_inline(records, parent, collectors(parent), waiting)
+                waiting = self._sample(records, parent, view)
+                self._emit_inline(records, parent, view.collectors, waiting)
                 return
             self._assign_ids(records, parent)
-            waiting = self._sample(records, parent)
-            for collector in collectors(parent):
+            waiting = self._sample(records, parent, view)
+            for collector in view.collectors:
                 for record in records:
                     collector.observe(record)
             if waiting:
@@ -336,7 +340,9 @@ class Telemetry:
             cached = self._policy = (config, policy)
         return cached[1]
 
-    def _sample(self, records: Sequence[RequestRecord], parent: Context) -> set[int]:
+    def _sample(
+        self, records: Sequence[RequestRecord], parent: Context, view: StepView
+    ) -> set[int]:
         """Step-aware sampling (:mod:`otel_rollout.sampling`): which of these spans are made.
         Decided here, in the caller, in the order the requests finished. Returns the ``id()`` of
         the records that wait in their step (its tail and slowest are decided at its end, then
@@ -344,7 +350,7 @@ class Telemetry:
         policy = self._sampling
         if policy.keeps_all:
             return _NONE_WAITING
-        state = sampling.state_for(parent)
+        state = sampling.state_of(view)
         if state is None:
             return _NONE_WAITING  # outside any step: every span
         waiting: set[int] = set()
@@ -384,7 +390,7 @@ class Telemetry:
         """``OTEL_ROLLOUT_EMIT_QUEUE=0`` (or a tracer whose ids cannot be preset): as it happens.
         Each record is observed by ``observers`` after its span exists (its ids are the span's);
         a ``waiting`` one is observed now and made when its step has decided for it."""
-        every = _pace_every()
+        every = self._pace_spans
         for done, record in enumerate(records, 1):
             if id(record) in waiting:
                 pass
@@ -423,7 +429,7 @@ class Telemetry:
                     self.config.emit_queue,
                     name=f"otel_rollout-emitter-{self.provider}",
                     pace=self._drain_spans,
-                    pace_every=_pace_every(),
+                    pace_every=self._pace_spans,
                     on_drop=self._dropped,
                     on_error=lambda exc: self.log.failed("request telemetry", exc),
                 )
@@ -519,7 +525,7 @@ class Telemetry:
         config = self.config
         return request_span_attributes(
             record,
-            step_number(parent),
+            record.step,
             config.capture_content,
             config.content_max_length,
             config.gen_ai_latest,

@@ -505,10 +505,9 @@ def async_generate_wrapper(telemetry: Telemetry) -> Wrapper:
         watched = isinstance(request_id, str) and untimed(instance)
         if watched:
             ASYNC_TIMES.watch(request_id)
-        observer = AsyncRequest(
-            telemetry, model, request_id, params, otel_context.get_current(), watched
-        )
-        observer.started = telemetry.requests_started(model, "text_completion")
+        parent = otel_context.get_current()
+        observer = AsyncRequest(telemetry, model, request_id, params, parent, watched)
+        observer.started = telemetry.requests_started(model, "text_completion", 1, parent)
         return ObservedAsyncStream(stream, observer)
 
     return wrapper
@@ -521,7 +520,9 @@ def untimed(engine: Any) -> bool:
 
 
 @functools.cache
+@functools.cache
 def _fills_metrics() -> bool:
+    """Once per process (asked per request; a version parse costs microseconds)."""
     release = version_tuple(module_version("vllm") or "")
     return release is None or release >= (0, 12)
 
