@@ -37,6 +37,11 @@ if TYPE_CHECKING:
     from otel_rollout.record import RequestRecord
 
 
+LabelSets = tuple[dict[str, str], dict[str, str], dict[str, str]]
+"""A request's metric labels: (every figure's, input tokens', output tokens'), as
+:func:`otel_rollout.attributes.metric_attribute_sets` builds them for the chosen conventions."""
+
+
 class RequestInstruments:
     """The GenAI request histograms (duration, time to first token, time per output token),
     the token figures in the conventions the configuration chose, queue time, and the counter of
@@ -82,7 +87,7 @@ class RequestInstruments:
     def record(
         self,
         record: RequestRecord,
-        labels: tuple[dict[str, str], dict[str, str], dict[str, str]],
+        labels: LabelSets,
         ctx: Context,
     ) -> None:
         """One request's points, in ``ctx`` (its span's: exemplars name it)."""
@@ -112,7 +117,7 @@ class TokenUsage:
     def record(
         self,
         record: RequestRecord,
-        labels: tuple[dict[str, str], dict[str, str], dict[str, str]],
+        labels: LabelSets,
         ctx: Context,
     ) -> None:
         _, inputs, outputs = labels
@@ -157,7 +162,7 @@ class LatestTokens:
     def record(
         self,
         record: RequestRecord,
-        labels: tuple[dict[str, str], dict[str, str], dict[str, str]],
+        labels: LabelSets,
         ctx: Context,
     ) -> None:
         attrs, modal_in, modal_out = labels  # modal_*: + gen_ai.token.modality
