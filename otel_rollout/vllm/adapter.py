@@ -520,7 +520,6 @@ def untimed(engine: Any) -> bool:
 
 
 @functools.cache
-@functools.cache
 def _fills_metrics() -> bool:
     """Once per process (asked per request; a version parse costs microseconds)."""
     release = version_tuple(module_version("vllm") or "")
