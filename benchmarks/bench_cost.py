@@ -9,7 +9,9 @@ objects, so what is timed is everything the instrumentation does per request:
   one output per running request: the real number of steps and outputs for those lengths) through
   the wrapped hooks, then returns the outputs. Two shapes: engine stats on
   (``LLM(disable_log_stats=False)``) and off (vLLM's default, timed from the engine steps).
-* async: ``AsyncLLM.generate`` streams, consumed to the end, 16 cumulative chunks per request.
+* async: ``AsyncLLM.generate`` streams, consumed to the end, 16 cumulative chunks per request,
+  engine stats on (``AsyncLLM``'s default: every output carries the engine's ``metrics``, and the
+  stand-in says ``log_stats`` as the real engine does).
 
 Per round, four things run back to back in rotating order: the instrumented call with the
 background emitter (A, the default) followed by the wait until the emitter is done, the same with
@@ -238,6 +240,7 @@ def async_case(telemetry: Any, n_requests: int, chunks: int) -> dict[str, Any]:
     class BareAsyncLLM:
         model_config = C._ModelConfig()
         observability_config = None
+        log_stats = True  # as AsyncLLM's own (its default): its outputs carry metrics
 
         def generate(self, prompt: Any, sampling_params: Any, request_id: str) -> Any:
             chunks_ = streams[int(request_id.rsplit("-", 1)[1])]

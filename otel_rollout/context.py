@@ -8,6 +8,7 @@ how the step was opened.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
 
 from opentelemetry import baggage
@@ -101,8 +102,34 @@ class StepView(NamedTuple):
     """Everything that collects the context's finished requests: its step, its trajectory."""
 
 
+_last_view: tuple[weakref.ref[Context], StepView] | None = None
+"""The last context looked up and its view. A context is immutable (``set_value`` makes a new
+one), so the same object has the same view; the requests of a step share their context, and a
+stream asks at its start and its end. Held weakly: it never keeps a context (nor its step) alive."""
+
+
 def step_view(ctx: Context | None = None) -> StepView:
     """:func:`current_step`, :func:`step_number` and :func:`collectors` of ``ctx`` at once."""
+    global _last_view
+    if ctx is None:
+        ctx = otel_context.get_current()
+    cached = _last_view
+    if cached is not None and cached[0]() is ctx:
+        return cached[1]
+    view = _look_up(ctx)
+    _last_view = (weakref.ref(ctx, _forget_view), view)
+    return view
+
+
+def _forget_view(ref: weakref.ref[Context]) -> None:
+    """The cached context is gone: its view (its step) goes with it."""
+    global _last_view
+    cached = _last_view
+    if cached is not None and cached[0] is ref:
+        _last_view = None
+
+
+def _look_up(ctx: Context) -> StepView:
     step = current_step(ctx)
     trajectory = current_trajectory(ctx)
     if step is not None:

@@ -306,6 +306,8 @@ class Emitter:
                     time.sleep(_GATHER_S)
                 continue
             records, parent = queue.popleft()
+            if len(records) < _CHUNK and queue and queue[0][1] is parent:
+                records = self._gather(records, parent)
             for start in range(0, len(records), _CHUNK):
                 chunk = records[start : start + _CHUNK]
                 try:
@@ -327,6 +329,19 @@ class Emitter:
             # Hold nothing while idle: a record's error keeps its traceback, whose frames keep
             # the caller's per-call state (vLLM step times, stream observers) alive.
             del records, parent
+
+    def _gather(self, records: Sequence[RequestRecord], parent: Context) -> list[RequestRecord]:
+        """The next submissions under the same parent, joined to ``records`` (up to a chunk).
+
+        A stream ends one request at a time: each is a submission of one record, and emitting
+        them one by one cost about 20 µs a record more than the same records as one batch
+        (figure 1's stream case). Only this thread pops, so ``queue[0]`` is stable here.
+        """
+        queue = self._queue
+        joined = list(records)
+        while queue and queue[0][1] is parent and len(joined) < _CHUNK:
+            joined.extend(queue.popleft()[0])
+        return joined
 
     def _after(self, count: int) -> None:
         self._since_pace += count

@@ -8,16 +8,24 @@ exceptions, untouched.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from otel_rollout.record import StreamClosedEarly
 
 
 class StreamObserver(Protocol):
-    def item(self, item: Any) -> None: ...
+    def item(self, item: Any) -> bool:
+        """One item the stream yielded. ``False``: the items after it need not be shown one by
+        one (the stream keeps the last for :meth:`finish`): a vLLM output that carries the
+        engine's own metrics makes per-chunk counting unnecessary, and a call per chunk of
+        every stream is time on the caller's path."""
+        ...
 
-    def finish(self, error: BaseException | None) -> None: ...
+    def finish(self, error: BaseException | None, last: Any) -> None:
+        """The stream ended, once, however it ended; ``last``: the last item it yielded
+        (``None`` if it yielded none)."""
+        ...
 
 
 class ObservedAsyncStream:
@@ -34,11 +42,14 @@ class ObservedAsyncStream:
     this class, the hot path's included.
     """
 
-    __slots__ = ("__weakref__", "__wrapped__", "_done", "_observer")
+    __slots__ = ("__weakref__", "__wrapped__", "_done", "_each", "_last", "_observer")
 
     def __init__(self, wrapped: Any, observer: StreamObserver) -> None:
         self.__wrapped__ = wrapped
         self._observer = observer
+        self._each: Callable[[Any], bool] | None = observer.item
+        """The observer's per-item call, until it says it needs no more (then ``None``)."""
+        self._last: Any = None
         self._done = False
 
     @property  # type: ignore[misc]  # a proxy's class is its target's, as wrapt's proxies say
@@ -51,7 +62,7 @@ class ObservedAsyncStream:
     def _finish(self, error: BaseException | None) -> None:
         if not self._done:
             self._done = True
-            self._observer.finish(error)
+            self._observer.finish(error, self._last)
 
     def __aiter__(self) -> ObservedAsyncStream:
         return self
@@ -66,7 +77,10 @@ class ObservedAsyncStream:
         except BaseException as exc:
             self._finish(exc)
             raise
-        self._observer.item(item)
+        self._last = item
+        each = self._each
+        if each is not None and not each(item):
+            self._each = None
         return item
 
     async def __anext__(self) -> Any:
@@ -79,7 +93,10 @@ class ObservedAsyncStream:
         except BaseException as exc:
             self._finish(exc)
             raise
-        self._observer.item(item)
+        self._last = item
+        each = self._each
+        if each is not None and not each(item):
+            self._each = None
         return item
 
     def asend(self, value: Any) -> Awaitable[Any]:

@@ -42,7 +42,7 @@ from otel_rollout.attributes import (
     step_span_attributes,
 )
 from otel_rollout.config import RolloutConfig, load_config
-from otel_rollout.context import StepView, baggage_step, current_step, step_view
+from otel_rollout.context import StepView, step_view
 from otel_rollout.emitter import PACE_WAIT_S, Emitter, Pacer, before_flush, register_exit_drain
 from otel_rollout.guard import LogOnce
 from otel_rollout.ids import PresetIds
@@ -197,13 +197,12 @@ class Telemetry:
         :meth:`requests_ended` (the age of the oldest request in flight). The open step of
         ``ctx`` (the current context by default) counts them as started (its live progress)."""
         with self.log.guard("in-flight accounting"):
-            step = current_step(ctx)
-            if step is not None:  # its live progress, and its sampling's count
-                step.requests_started(count)
-            elif not self._sampling.keeps_all:
-                number = baggage_step(ctx)  # a step open in another process
-                if number is not None:
-                    sampling.remote_state(number).requests_started(count)
+            view = step_view(ctx)  # the hand-over asks again: the same context, looked up once
+            if view.step is not None:  # its live progress, and its sampling's count
+                view.step.requests_started(count)
+            elif view.number is not None and not self._sampling.keeps_all:
+                # a step open in another process
+                sampling.remote_state(view.number).requests_started(count)
             return self.engine_activity(model).change(count, operation)
         return None
 

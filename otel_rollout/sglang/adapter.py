@@ -295,7 +295,8 @@ class RequestGroup:
 
     # StreamObserver ---------------------------------------------------------------------------
 
-    def item(self, item: Any) -> None:
+    def item(self, item: Any) -> bool:
+        """Every chunk is seen: SGLang's chunks each carry one request's progress."""
         with self.telemetry.log.guard("sglang stream"):
             now = self.clock.now_ns()
             if isinstance(item, list):  # a non-streamed batch answers all at once
@@ -306,8 +307,9 @@ class RequestGroup:
                 self._see(int(item.get("index", 0)), item, now)
                 if self.finished >= self.expected:
                     self._settle(None, unseen=False)
+        return True
 
-    def finish(self, error: BaseException | None) -> None:
+    def finish(self, error: BaseException | None, last: Any) -> None:
         with self.telemetry.log.guard("sglang stream"):
             self._settle(error, unseen=error is not None)
 

@@ -392,7 +392,6 @@ class AsyncRequest:
         "clock",
         "start_ns",
         "first_ns",
-        "last",
         "tokens",
         "delta",
         "watched",
@@ -416,17 +415,17 @@ class AsyncRequest:
         self.clock = Clock()
         self.start_ns = self.clock.now_ns()
         self.first_ns: int | None = None
-        self.last: Any = None
         self.tokens: dict[int, int] = {}
         kind = getattr(params, "output_kind", None)
         self.delta = getattr(kind, "name", "") == "DELTA"
         self.watched = watched  # in ASYNC_TIMES: the engine's step stamps are collected
         self.started: int | None = None  # the in-flight start stamp (Telemetry.requests_started)
 
-    def item(self, output: Any) -> None:
-        self.last = output
+    def item(self, output: Any) -> bool:
         if getattr(output, "metrics", None) is not None:
-            return  # the engine counts tokens and stamps the first one: nothing to do per chunk
+            # The engine counts tokens and stamps the first one (its stats are on for the whole
+            # stream): no chunk after this one needs to be seen, only the last.
+            return False
         with self.telemetry.log.guard("vllm stream"):
             for choice in output.outputs or ():
                 count = len(choice.token_ids)
@@ -435,23 +434,24 @@ class AsyncRequest:
                 self.tokens[choice.index] = (
                     self.tokens.get(choice.index, 0) + count if self.delta else count
                 )
+        return True
 
-    def finish(self, error: BaseException | None) -> None:
+    def finish(self, error: BaseException | None, last: Any) -> None:
         telemetry = self.telemetry
         telemetry.requests_ended(self.model, "text_completion", 1, self.started)
         try:
-            self._emit(error)
+            self._emit(error, last)
         finally:
             if self.watched and self.request_id is not None:
                 ASYNC_TIMES.forget(self.request_id)
 
-    def _emit(self, error: BaseException | None) -> None:
+    def _emit(self, error: BaseException | None, last: Any) -> None:
         telemetry = self.telemetry
         with telemetry.log.guard("vllm stream"):
             now = self.clock.now_ns()
-            if self.last is not None:
+            if last is not None:
                 record = record_from_output(
-                    self.last,
+                    last,
                     "text_completion",
                     self.model,
                     self.clock,
@@ -475,11 +475,7 @@ class AsyncRequest:
                 )
             if error is not None:
                 record.error = error
-                if (
-                    record.timing_source == "engine"
-                    and self.last is not None
-                    and not self.last.finished
-                ):
+                if record.timing_source == "engine" and last is not None and not last.finished:
                     record.finish_ns = max(record.arrival_ns, now)
             _fill_sampling(record, self.params)
             telemetry.emit(record, self.parent)

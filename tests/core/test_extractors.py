@@ -294,10 +294,10 @@ def test_a_stream_that_failed_mid_request_ends_when_it_failed(
     telemetry.requests_started("m", "text_completion")
     chunk = output("r9", [choice(2, None)], stats=engine_stats(2))
     chunk.finished = False
-    request.item(chunk)
+    assert request.item(chunk) is False  # the engine counts: no more chunks need be seen
     error = RuntimeError("engine died (fault injected here)")
     before = time.time_ns()
-    request.finish(error)
+    request.finish(error, chunk)
     (record,) = emitted
     assert record.error is error
     assert record.timing_source == "engine"

@@ -23,12 +23,15 @@ class Observer:
     def __init__(self) -> None:
         self.items: list[Any] = []
         self.ends: list[BaseException | None] = []
+        self.lasts: list[Any] = []
 
-    def item(self, item: Any) -> None:
+    def item(self, item: Any) -> bool:
         self.items.append(item)
+        return True
 
-    def finish(self, error: BaseException | None) -> None:
+    def finish(self, error: BaseException | None, last: Any) -> None:
         self.ends.append(error)
+        self.lasts.append(last)
 
 
 class Boom(Exception):
@@ -56,7 +59,34 @@ def test_exhausted_stream_yields_the_engines_items_and_finishes_once() -> None:
         return [i async for i in ObservedAsyncStream(numbers(3), observer)]
 
     assert run(consume()) == [0, 1, 2]
-    assert observer.items == [0, 1, 2] and observer.ends == [None]
+    assert observer.items == [0, 1, 2] and observer.ends == [None] and observer.lasts == [2]
+
+
+def test_an_observer_that_needs_no_more_items_still_gets_the_last() -> None:
+    """vLLM's outputs with the engine's metrics: the first chunk says enough; the stream goes on
+    unobserved per chunk, and the end still gets its last item."""
+
+    class FirstOnly(Observer):
+        def item(self, item: Any) -> bool:
+            super().item(item)
+            return False
+
+    observer = FirstOnly()
+
+    async def consume() -> list[int]:
+        return [i async for i in ObservedAsyncStream(numbers(4), observer)]
+
+    assert run(consume()) == [0, 1, 2, 3]
+    assert observer.items == [0] and observer.ends == [None] and observer.lasts == [3]
+
+
+def test_a_stream_that_yields_nothing_ends_with_no_last_item() -> None:
+    observer = Observer()
+
+    async def consume() -> list[int]:
+        return [i async for i in ObservedAsyncStream(numbers(0), observer)]
+
+    assert run(consume()) == [] and observer.ends == [None] and observer.lasts == [None]
 
 
 def test_the_engines_exception_passes_unchanged() -> None:
