@@ -8,8 +8,9 @@ Telemetry goes through the real SDK: BatchSpanProcessor with a null exporter (it
 thread runs in this process, as in production) and an in-memory metric reader.
 
 * ``--mode offline``: ``LLM.generate`` of a long-tail batch (engine stats off: vLLM's default).
-  Full runs add one ``LLM.generate`` of 10,000 prompts (``max_tokens=2``) per side, timing the
-  post-return phase from ``_run_engine`` returning to ``generate`` returning.
+  Full runs add ``LLM.generate`` of 10,000 prompts (``max_tokens=2``), three times per side in
+  alternating order, timing the post-return phase from ``_run_engine`` returning to
+  ``generate`` returning (median and band).
 * ``--mode async``: ``AsyncLLM`` (engine core in a child process), all requests streamed
   concurrently (``asyncio.gather``), each consumed to the end.
 """
@@ -104,8 +105,13 @@ def offline(smoke: bool) -> dict[str, Any]:
     return result
 
 
-def big_batch(llm: Any, inst: Any, sampling_params: Any) -> dict[str, Any]:
-    """One LLM.generate of 10,000 prompts; the post-return phase, instrumented and bare."""
+def big_batch(llm: Any, inst: Any, sampling_params: Any, reps: int = 3) -> dict[str, Any]:
+    """One LLM.generate of 10,000 prompts, ``reps`` times per side in alternating order (BA, AB,
+    BA): the post-return phase, instrumented and bare, median and band. One wall-clock sample
+    of ~150 ms on a shared 2-core machine moved by ±50 % between runs (a full collection of the
+    engine's heap alone is ~50 ms when it falls there)."""
+    from otel_rollout.emitter import flush_all
+
     cls = type(llm)
     original = cls._run_engine
     returned: list[float] = []
@@ -119,28 +125,38 @@ def big_batch(llm: Any, inst: Any, sampling_params: Any) -> dict[str, Any]:
     n = 10_000
     prompts = [f"q{i}" for i in range(n)]
     params = sampling_params(max_tokens=2, ignore_eos=True)
-    res: dict[str, Any] = {"requests": n}
+    series: dict[str, dict[str, list[float]]] = {
+        side: {"generate_s": [], "post_return_ms": [], "emitter_done_after_ms": []}
+        for side in ("bare", "instrumented")
+    }
     try:
-        for side in ("bare", "instrumented"):
-            if side == "instrumented":
-                inst.instrument()
-            t0 = time.perf_counter()
-            outs = llm.generate(prompts, params, use_tqdm=False)
-            t1 = time.perf_counter()
-            from otel_rollout.emitter import flush_all
-
-            flush_all(600)  # not the caller's time: when the background emitter is done
-            t2 = time.perf_counter()
-            if side == "instrumented":
-                inst.uninstrument()
-            assert len(outs) == n
-            res[side] = {
-                "generate_s": round(t1 - t0, 3),
-                "post_return_ms": round((t1 - returned[-1]) * 1e3, 1),
-                "emitter_done_after_ms": round((t2 - returned[-1]) * 1e3, 1),
-            }
+        for rep in range(reps):
+            for side in ("bare", "instrumented") if rep % 2 == 0 else ("instrumented", "bare"):
+                if side == "instrumented":
+                    inst.instrument()
+                t0 = time.perf_counter()
+                outs = llm.generate(prompts, params, use_tqdm=False)
+                t1 = time.perf_counter()
+                flush_all(600)  # not the caller's time: when the background emitter is done
+                t2 = time.perf_counter()
+                if side == "instrumented":
+                    inst.uninstrument()
+                assert len(outs) == n
+                del outs
+                got = series[side]
+                got["generate_s"].append(t1 - t0)
+                got["post_return_ms"].append((t1 - returned[-1]) * 1e3)
+                got["emitter_done_after_ms"].append((t2 - returned[-1]) * 1e3)
     finally:
         cls._run_engine = original
+    res: dict[str, Any] = {"requests": n, "reps": reps}
+    for side, got in series.items():
+        res[side] = {
+            "generate_s": round(statistics.median(got["generate_s"]), 3),
+            "post_return_ms": round(statistics.median(got["post_return_ms"]), 1),
+            "post_return_band_ms": C.band(got["post_return_ms"], 1),
+            "emitter_done_after_ms": round(statistics.median(got["emitter_done_after_ms"]), 1),
+        }
     res["post_return_added_ms"] = round(
         res["instrumented"]["post_return_ms"] - res["bare"]["post_return_ms"], 1
     )

@@ -229,10 +229,12 @@ class Telemetry:
         Only engines of this process that saw a version change stamp their requests; a record of
         a client call to a remote server (no engine here) stays without one.
         """
+        versioned = {model for model, a in list(self._engines.items()) if a.weights.seen}
+        if not versioned:
+            return  # no engine here changed weights: nothing per record (10,000 after a generate)
         for record in records:
-            activity = self._engines.get(record.model)
-            if activity is not None and activity.weights.seen:
-                record.weight_version = activity.weights.at(record.arrival_ns)
+            if record.model in versioned:
+                record.weight_version = self._engines[record.model].weights.at(record.arrival_ns)
 
     def _base_attributes(self, model: str, operation: str) -> dict[str, str]:
         return base_attributes(self.provider, model, operation)

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
@@ -118,10 +119,12 @@ ASYNC_TIMES = AsyncStepTimes()
 """The process's watched ``AsyncLLM`` requests (see :class:`AsyncStepTimes`)."""
 
 
-def _param(params: Any, index: int) -> Any:
+def _per_request(params: Any, count: int) -> Iterable[Any]:
+    """Each request's sampling parameters: one for all, or one each (missing ones ``None``).
+    Resolved once per call: an ``isinstance`` against an ABC per request costs ~0.5 µs."""
     if params is None or not isinstance(params, Sequence):
-        return params
-    return params[index] if index < len(params) else None
+        return itertools.repeat(params, count)
+    return itertools.islice(itertools.chain(params, itertools.repeat(None)), count)
 
 
 def _fill_sampling(record: RequestRecord, params: Any) -> None:
@@ -133,19 +136,29 @@ def _fill_sampling(record: RequestRecord, params: Any) -> None:
     record.n = getattr(params, "n", None)
 
 
-def spec_decode(choices: Sequence[Any]) -> tuple[int | None, int | None]:
-    """Draft tokens proposed and accepted for a request, summed over its samples, from vLLM's
-    per-sequence ``spec_decode_metrics`` (``RequestSpecDecodeMetrics``: ``histogram[j]`` verify
-    steps accepted ``j`` drafts). vLLM fills it only with ``per_request_spec_decode_metrics`` set
-    and speculative decoding on; otherwise ``(None, None)``: not reported, never 0."""
+def choices_summary(
+    choices: Sequence[Any],
+) -> tuple[int, tuple[str, ...], int | None, int | None]:
+    """(output tokens, finish reasons, draft tokens proposed, accepted) of a request's samples,
+    in one pass (per request, on the caller's path after a generate returns).
+
+    The speculative-decoding counts come from vLLM's per-sequence ``spec_decode_metrics``
+    (``RequestSpecDecodeMetrics``: ``histogram[j]`` verify steps accepted ``j`` drafts). vLLM
+    fills it only with ``per_request_spec_decode_metrics`` set and speculative decoding on;
+    otherwise ``None``: not reported, never 0."""
+    tokens = 0
+    reasons: list[str] = []
     drafted = accepted = None
     for choice in choices:
+        tokens += len(choice.token_ids)
+        reason = normalize_finish_reason(choice.finish_reason)
+        if reason:
+            reasons.append(reason)
         metrics = getattr(choice, "spec_decode_metrics", None)
-        if metrics is None:
-            continue
-        drafted = (drafted or 0) + int(metrics.num_draft_tokens)
-        accepted = (accepted or 0) + sum(j * n for j, n in enumerate(metrics.histogram))
-    return drafted, accepted
+        if metrics is not None:
+            drafted = (drafted or 0) + int(metrics.num_draft_tokens)
+            accepted = (accepted or 0) + sum(j * n for j, n in enumerate(metrics.histogram))
+    return tokens, tuple(reasons), drafted, accepted
 
 
 def v0_times(stats: Any, finish: int) -> tuple[int | None, int | None, int]:
@@ -175,6 +188,7 @@ def record_from_output(
 ) -> RequestRecord:
     stats = getattr(output, "metrics", None)
     rid = output.request_id
+    choices = output.outputs or ()
     arrival, finish = fallback_arrival_ns, fallback_finish_ns
     first = scheduled = None
     preemptions: int | None = None
@@ -189,31 +203,31 @@ def record_from_output(
             scheduled = clock.from_monotonic(stats.scheduled_ts or None)
             finish = clock.from_monotonic(stats.last_token_ts or None) or finish
             preemptions = getattr(stats, "num_preemptions", None)
-            if output_tokens is None and len(output.outputs or ()) <= 1:
+            if output_tokens is None and len(choices) <= 1:
                 # With n > 1 the stats are the last-finishing sample's: count every sample.
                 output_tokens = stats.num_generation_tokens
-    elif times is not None and rid in times.arrival and rid in times.finish:
-        arrival = Clock.from_wall(times.arrival[rid]) or arrival
-        first = clock.from_monotonic(times.first.get(rid))
-        finish = clock.from_monotonic(times.finish.get(rid)) or finish
-        source = "engine_steps"
-    choices = output.outputs or []
-    if output_tokens is None:
-        output_tokens = sum(len(c.token_ids) for c in choices)
-    drafted, accepted = spec_decode(choices)
+    elif times is not None:
+        arrived, finished = times.arrival.get(rid), times.finish.get(rid)
+        if arrived is not None and finished is not None:
+            arrival = Clock.from_wall(arrived) or arrival
+            first = clock.from_monotonic(times.first.get(rid))
+            finish = clock.from_monotonic(finished) or finish
+            source = "engine_steps"
+    tokens, reasons, drafted, accepted = choices_summary(choices)
+    prompt = output.prompt_token_ids
     record = RequestRecord(
         provider=PROVIDER,
         model=model,
         operation=operation,
         arrival_ns=arrival,
-        finish_ns=max(finish, arrival),
+        finish_ns=finish if finish > arrival else arrival,
         first_token_ns=first,
         scheduled_ns=scheduled,
         request_id=rid,
-        prompt_tokens=len(output.prompt_token_ids) if output.prompt_token_ids is not None else None,
-        output_tokens=output_tokens,
+        prompt_tokens=len(prompt) if prompt is not None else None,
+        output_tokens=tokens if output_tokens is None else output_tokens,
         cached_tokens=getattr(output, "num_cached_tokens", None),
-        finish_reasons=tuple(r for c in choices if (r := normalize_finish_reason(c.finish_reason))),
+        finish_reasons=reasons,
         timing_source=source,
         preemptions=preemptions,
         spec_draft_tokens=drafted,
@@ -274,7 +288,9 @@ def offline_wrapper(telemetry: Telemetry, operation: str) -> Wrapper:
             end_ns = clock.now_ns()
             with telemetry.log.guard("vllm offline records"):
                 records = []
-                for i, output in enumerate(outputs):
+                for output, request_params in zip(
+                    outputs, _per_request(params, len(outputs)), strict=True
+                ):
                     record = record_from_output(
                         output,
                         operation,
@@ -285,7 +301,7 @@ def offline_wrapper(telemetry: Telemetry, operation: str) -> Wrapper:
                         times,
                         telemetry.config.capture_content,
                     )
-                    _fill_sampling(record, _param(params, i))
+                    _fill_sampling(record, request_params)
                     records.append(record)
                 telemetry.emit_all(records, batch_ctx)
         return outputs
