@@ -127,6 +127,12 @@ class Clock:
         return time.monotonic_ns() + self._offset_ns
 
 
+def _seconds(ns: int) -> float:
+    """A non-negative span of nanoseconds in seconds: a comparison, not ``max()`` (read several
+    times per request by its span and metric points)."""
+    return ns / 1e9 if ns > 0 else 0.0
+
+
 @dataclass(slots=True)
 class RequestRecord:
     """Everything we know about one finished (or failed) generate request.
@@ -192,19 +198,19 @@ class RequestRecord:
 
     @property
     def duration_s(self) -> float:
-        return max(0, self.finish_ns - self.arrival_ns) / 1e9
+        return _seconds(self.finish_ns - self.arrival_ns)
 
     @property
     def queue_time_s(self) -> float | None:
         if self.scheduled_ns is None:
             return None
-        return max(0, self.scheduled_ns - self.arrival_ns) / 1e9
+        return _seconds(self.scheduled_ns - self.arrival_ns)
 
     @property
     def ttft_s(self) -> float | None:
         if self.first_token_ns is None:
             return None
-        return max(0, self.first_token_ns - self.arrival_ns) / 1e9
+        return _seconds(self.first_token_ns - self.arrival_ns)
 
     @property
     def prefill_time_s(self) -> float | None:
@@ -212,21 +218,21 @@ class RequestRecord:
         token), where the engine stamped both ends."""
         if self.scheduled_ns is None or self.first_token_ns is None:
             return None
-        return max(0, self.first_token_ns - self.scheduled_ns) / 1e9
+        return _seconds(self.first_token_ns - self.scheduled_ns)
 
     @property
     def decode_time_s(self) -> float | None:
         """First token → finish: decoding the response (preemptions in it included)."""
         if self.first_token_ns is None:
             return None
-        return max(0, self.finish_ns - self.first_token_ns) / 1e9
+        return _seconds(self.finish_ns - self.first_token_ns)
 
     @property
     def tpot_s(self) -> float | None:
         """Decode time per token after the first; undefined for fewer than two tokens."""
         if self.first_token_ns is None or not self.output_tokens or self.output_tokens < 2:
             return None
-        return max(0, self.finish_ns - self.first_token_ns) / 1e9 / (self.output_tokens - 1)
+        return _seconds(self.finish_ns - self.first_token_ns) / (self.output_tokens - 1)
 
 
 Interval = tuple[int, int]
