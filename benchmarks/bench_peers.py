@@ -36,16 +36,16 @@ import time
 from typing import Any
 
 import _common as C
+from bench_engine import engine_env, model_path
 
 CONFIGS = ("bare", "vllm_stats", "vllm_tracing", "ours", "ours_stats")
 
 
 def child(config: str, endpoint: str, requests: int, reps: int) -> dict[str, Any]:
     """One configuration, in this process: build the engine, warm up, time ``reps`` generates."""
-    from testkit.engines import VLLM_KWARGS, vllm_environment
+    from testkit.engines import VLLM_KWARGS
 
-    vllm_environment()
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    engine_env()
     kwargs: dict[str, Any] = dict(VLLM_KWARGS)
     if config in ("vllm_stats", "vllm_tracing", "ours_stats"):
         kwargs["disable_log_stats"] = False
@@ -99,7 +99,7 @@ def run(smoke: bool) -> dict[str, Any]:
 
     requests, reps, passes = (8, 1, 1) if smoke else (256, 3, 2)
     receiver = OTLPReceiver().start()
-    env = {**os.environ, "MODEL": os.environ.get("MODEL") or model_path()}
+    env = {**os.environ, "MODEL": model_path()}
     samples: dict[str, dict[str, list[float]]] = {c: {"wall_s": [], "cpu_s": []} for c in CONFIGS}
     try:
         for p in range(passes):
@@ -137,13 +137,6 @@ def run(smoke: bool) -> dict[str, Any]:
             "cpu_added_us_per_request": round((cpu - base_cpu) / requests * 1e6, 1),
         }
     return result
-
-
-def model_path() -> str:
-    out = subprocess.run(
-        [str(C.REPO / "scripts" / "tiny-model")], capture_output=True, text=True, check=True
-    )
-    return out.stdout.strip().splitlines()[-1]
 
 
 def main() -> None:

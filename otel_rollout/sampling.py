@@ -39,7 +39,7 @@ Metric points are recorded for every request whatever is decided (counts stay ex
 kept span is named by an exemplar. The step span itself is never sampled.
 
 :func:`decide` is the rule at once, pure; :class:`StepSampling` is one step's running state;
-:func:`state_for` finds the state of a record's step: the local ``rollout_step``'s, or one per
+:func:`state_of` finds the state of a record's step: the local ``rollout_step``'s, or one per
 step number for a step known by its baggage, the last :data:`REMOTE_STEPS` kept.
 """
 
@@ -53,7 +53,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from otel_rollout.context import StepView, step_view
+from otel_rollout.context import StepView
 from otel_rollout.record import FINISH_ABORT, FINISH_LENGTH, RequestRecord
 
 if TYPE_CHECKING:
@@ -302,14 +302,10 @@ def remote_state(step: int) -> StepSampling:
         return state
 
 
-def state_for(ctx: Context | None = None) -> StepSampling | None:
-    """The sampling state of the step of ``ctx``: its local ``rollout_step``'s, or by the step's
-    number (baggage) where the step is open in another process; ``None`` outside any step."""
-    return state_of(step_view(ctx))
-
-
 def state_of(view: StepView) -> StepSampling | None:
-    """:func:`state_for` of a context already looked up (:func:`~otel_rollout.context.step_view`)."""
+    """The sampling state of the step of a context (its
+    :func:`~otel_rollout.context.step_view`): its local ``rollout_step``'s, or by the step's
+    number (baggage) where the step is open in another process; ``None`` outside any step."""
     if view.step is not None:
         return getattr(view.step, "sampling", None)
     return None if view.number is None else remote_state(view.number)

@@ -46,7 +46,7 @@ from otel_rollout.context import StepView, step_view
 from otel_rollout.emitter import PACE_WAIT_S, Emitter, Pacer, before_flush, register_exit_drain
 from otel_rollout.guard import LogOnce
 from otel_rollout.ids import PresetIds
-from otel_rollout.instruments import RequestInstruments, StepInstruments
+from otel_rollout.instruments import LabelSets, RequestInstruments, StepInstruments
 from otel_rollout.sampling import SamplingPolicy
 from otel_rollout.sdk import drain_before_provider_flush
 from otel_rollout.sdk_internals import preset_tracer
@@ -152,10 +152,7 @@ class Telemetry:
         self._emitter: Emitter | None = None
         self._inline_pacer: Pacer | None = None
         self._emitter_lock = threading.Lock()
-        self._label_sets: dict[
-            tuple[str, str, str | None, str | None],
-            tuple[dict[str, str], dict[str, str], dict[str, str]],
-        ] = {}
+        self._label_sets: dict[tuple[str, str, str | None, str | None], LabelSets] = {}
         self.instruments = RequestInstruments(meter, config)
         self._pace_spans = _pace_every()  # read once: an environment read costs ~3 µs a call
         meter_observers(meter).members.add(self)
@@ -531,9 +528,7 @@ class Telemetry:
             config.gen_ai_latest,
         )
 
-    def _metric_attributes(
-        self, record: RequestRecord
-    ) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    def _metric_attributes(self, record: RequestRecord) -> LabelSets:
         """A request's metric label sets, built once per label combination (labels are bounded:
         model, operation, finish reason, error type), not three dicts per request."""
         error = type(record.error).__qualname__ if record.error is not None else None
