@@ -149,7 +149,17 @@ class EngineActivity:
                     self.progress_ns = now  # silence counts from when work arrived
             elif delta < 0:
                 self.progress_ns = now  # a request finished: the engine is generating
-                self._release(-delta, started_ns)
+                starts = self._starts
+                # The common end, inline: its own start released (:meth:`_release` otherwise).
+                left = starts.get(started_ns, 0) if started_ns is not None else 0
+                if left > -delta:
+                    starts[started_ns] = left + delta  # type: ignore[index]
+                elif left == -delta:
+                    del starts[started_ns]  # type: ignore[arg-type]
+                else:
+                    self._release(-delta, started_ns)
+                if active <= 0:
+                    starts.clear()
         return now
 
     def progressed(self) -> None:

@@ -64,7 +64,7 @@ from otel_rollout.record import (
 )
 from otel_rollout.sglang import scheduler_metrics
 from otel_rollout.steps import batch_in_step
-from otel_rollout.streams import ObservedAsyncStream
+from otel_rollout.streams import StreamObserver, observe
 from otel_rollout.telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -253,7 +253,7 @@ class _Request:
         self.done = False
 
 
-class RequestGroup:
+class RequestGroup(StreamObserver):
     """The requests of one ``generate_request`` call; each is emitted as soon as it finishes.
 
     A non-streamed call is read with a single ``__anext__`` (``Engine.generate``, verl) and its
@@ -271,6 +271,7 @@ class RequestGroup:
         batch: BatchScope | None,
         expected: int,
     ) -> None:
+        super().__init__()
         self.telemetry = telemetry
         self.model = model
         self.parent = parent
@@ -485,7 +486,7 @@ def generate_request_wrapper(telemetry: Telemetry) -> Wrapper:
             if activity.probe_owner != id(instance):  # a new engine (or the first) of this model
                 activity.probe, activity.probe_owner = output_stamp(instance), id(instance)
                 scheduler_metrics.watch(instance, model)
-        return ObservedAsyncStream(stream, observer)
+        return observe(stream, observer)
 
     return wrapper
 

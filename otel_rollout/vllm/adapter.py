@@ -44,7 +44,7 @@ from otel_rollout.record import (
     normalize_finish_reason,
 )
 from otel_rollout.steps import batch_in_step
-from otel_rollout.streams import ObservedAsyncStream
+from otel_rollout.streams import StreamObserver, observe
 from otel_rollout.telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -396,8 +396,8 @@ def process_outputs_wrapper(telemetry: Telemetry) -> Wrapper:
 # --- async: AsyncLLM.generate -------------------------------------------------------------------
 
 
-class AsyncRequest:
-    """State of one streamed request, finalized once by :class:`ObservedAsyncStream`."""
+class AsyncRequest(StreamObserver):
+    """State of one streamed request, ended once by the stream's :func:`observe`."""
 
     __slots__ = (
         "telemetry",
@@ -423,6 +423,7 @@ class AsyncRequest:
         parent: Context,
         watched: bool = False,
     ) -> None:
+        self.ended = False  # StreamObserver's (its __init__ not called: a call less per stream)
         self.telemetry = telemetry
         self.model = model
         self.request_id = request_id
@@ -520,7 +521,7 @@ def async_generate_wrapper(telemetry: Telemetry) -> Wrapper:
         parent = otel_context.get_current()
         observer = AsyncRequest(telemetry, model, request_id, params, parent, watched)
         observer.started = telemetry.requests_started(model, "text_completion", 1, parent)
-        return ObservedAsyncStream(stream, observer)
+        return observe(stream, observer)
 
     return wrapper
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from otel_rollout.streams import ObservedAsyncStream
 from otel_rollout.vllm.adapter import AsyncRequest
 from testkit.engines import vllm_telemetry
 from tests.conftest import OTelHarness
@@ -62,5 +61,5 @@ def test_thousand_concurrent_requests(
     assert sum(p.sum for p in output) == sum(want.values())
     assert active_delta(otel) == 0
     assert all(v == 0 for v in in_flight(vllm_telemetry()).values())
-    assert live(AsyncRequest, ObservedAsyncStream) == 0
+    assert live(AsyncRequest) == 0
     assert elapsed < 60

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from opentelemetry.trace import StatusCode
 
-from otel_rollout.streams import ObservedAsyncStream
 from otel_rollout.vllm.adapter import AsyncRequest, StepTimes
 from testkit.engines import vllm_telemetry
 from tests.conftest import OTelHarness
@@ -122,7 +121,7 @@ def test_stream_end_finalizes_once(
     assert before == {m: 0 for m in before}  # nothing else in flight in this session now
     assert all(v == 0 for v in in_flight(telemetry).values())
     # Nothing of ours retained, and vLLM itself forgot the request (we did not keep it alive).
-    assert live(AsyncRequest, ObservedAsyncStream, StepTimes) == 0
+    assert live(AsyncRequest, StepTimes) == 0
     assert async_engine.output_processor.request_states == {}
 
     # No late second end: another collection and more loop time add no span.
@@ -149,7 +148,7 @@ def test_normal_streams_leave_nothing_behind(
     assert len(request_spans(otel)) == 8
     assert active_delta(otel) == 0
     assert all(v == 0 for v in in_flight(vllm_telemetry()).values())
-    assert live(AsyncRequest, ObservedAsyncStream) == 0
+    assert live(AsyncRequest) == 0
 
 
 def test_offline_calls_leave_no_step_times(otel: OTelHarness, llm: Any, vllm_module: Any) -> None:
