@@ -69,6 +69,7 @@ from otel_rollout.semconv import (
     STEP_SPAN_NAME,
 )
 from otel_rollout.version import __version__
+from otel_rollout.versions import WeightVersions
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -226,6 +227,8 @@ class Telemetry:
         Only engines of this process that saw a version change stamp their requests; a record of
         a client call to a remote server (no engine here) stays without one.
         """
+        if not WeightVersions.changed_anywhere:
+            return  # the common case: no weight update in this process yet
         versioned = {model for model, a in list(self._engines.items()) if a.weights.seen}
         if not versioned:
             return  # no engine here changed weights: nothing per record (10,000 after a generate)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from typing import ClassVar
 
 __all__ = ["HISTORY", "WeightVersions", "as_int"]
 
@@ -48,6 +49,10 @@ class WeightVersions:
     """One engine's weight versions over time (wall-clock epoch ns), counted or named."""
 
     __slots__ = ("_times", "_versions", "_named", "_generated", "_lock")
+
+    changed_anywhere: ClassVar[bool] = False
+    """Whether any engine of this process ever changed weights: until then a hand-over asks no
+    engine for its requests' versions (one class read per hand-over, not a pass over engines)."""
 
     def __init__(self) -> None:
         self._times: list[int] = []
@@ -108,6 +113,7 @@ class WeightVersions:
             at_ns = self._times[-1]  # changes are in call order; a clock step back keeps it
         self._times.append(at_ns)
         self._versions.append(version)
+        WeightVersions.changed_anywhere = True
         if len(self._times) > HISTORY:
             del self._times[0], self._versions[0]
 
