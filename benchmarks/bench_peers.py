@@ -1,7 +1,8 @@
-"""Figure 10 (issue #16 item 4): what each observer of real vLLM costs per request, side by side.
+"""Figure 10 (issue #16 item 4): what each observer of a real engine costs per request, side by side.
 
-The same long-tail ``LLM.generate`` (256 requests, fixed seeds, ``ignore_eos``) in one process per
-configuration, because vLLM fixes its stat loggers and tracing when the engine is built:
+vLLM (``--engine vllm``, the default): the same long-tail ``LLM.generate`` (256 requests, fixed
+seeds, ``ignore_eos``) in one process per configuration, because vLLM fixes its stat loggers and
+tracing when the engine is built:
 
 * ``bare``: vLLM's defaults for ``LLM`` (engine stats off);
 * ``vllm_stats``: ``disable_log_stats=False``: vLLM's own stat loggers (its log line and its
@@ -20,8 +21,20 @@ the export work is inside. Reported per configuration: medians, CPU per request 
 machine's drift between them: configurations run in one pass, then a second pass in reverse
 order, and the medians pool both.
 
-SGLang's ``enable_metrics`` and its tracing are not measured here (its scheduler runs in a
-process of its own: a different measurement).
+SGLang (``--engine sglang``): the same requests through ``Engine.generate``, one process per
+configuration:
+
+* ``bare``: SGLang's defaults (``enable_metrics`` and tracing off);
+* ``sglang_metrics``: ``enable_metrics=True``: its Prometheus metrics and per-request timeline;
+* ``sglang_tracing``: ``enable_trace=True``: its own request spans, over OTLP/gRPC to the same
+  receiver (tracing alone: in SGLang it does not need the metrics);
+* ``ours`` and ``ours_metrics``: otel_rollout as for vLLM, without and with ``enable_metrics``.
+
+SGLang's scheduler and detokenizer run in processes of their own, so CPU is the whole process
+tree's (``psutil``: this process and its children). Its scheduler exports its spans from its own
+process, every 100 ms here (``SGLANG_OTLP_EXPORTER_SCHEDULE_DELAY_MILLIS``, 500 by default), so
+each configuration waits the same settle time after a generate and its flush before CPU is read:
+that export is inside, and wall time stops when the generate returns.
 """
 
 from __future__ import annotations
@@ -38,11 +51,45 @@ from typing import Any
 import _common as C
 from bench_engine import engine_env, model_path
 
-CONFIGS = ("bare", "vllm_stats", "vllm_tracing", "ours", "ours_stats")
+CONFIGS = {
+    "vllm": ("bare", "vllm_stats", "vllm_tracing", "ours", "ours_stats"),
+    "sglang": ("bare", "sglang_metrics", "sglang_tracing", "ours", "ours_metrics"),
+}
+SETTLE_S = 0.5
+"""SGLang: the wait after a generate (and the flush) for its scheduler's own span exports."""
 
 
-def child(config: str, endpoint: str, requests: int, reps: int) -> dict[str, Any]:
+def configure_ours(endpoint: str) -> None:
+    """otel_rollout as ``opentelemetry-instrument`` sets it up: OTLP spans and metrics."""
+    os.environ.update(
+        {
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_METRICS_EXPORTER": "otlp",
+            "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_SERVICE_NAME": "bench-peers",
+        }
+    )
+    from otel_rollout.sdk import configure_from_environment
+
+    assert configure_from_environment(), "the SDK was not configured"
+
+
+def flush_providers() -> None:
+    from opentelemetry import metrics, trace
+
+    from otel_rollout.emitter import flush_all
+
+    flush_all(120)
+    for provider in (trace.get_tracer_provider(), metrics.get_meter_provider()):
+        getattr(provider, "force_flush", lambda: None)()
+
+
+def child(engine: str, config: str, endpoint: str, requests: int, reps: int) -> dict[str, Any]:
     """One configuration, in this process: build the engine, warm up, time ``reps`` generates."""
+    if engine == "sglang":
+        return sglang_child(config, endpoint, requests, reps)
     from testkit.engines import VLLM_KWARGS
 
     engine_env()
@@ -52,20 +99,7 @@ def child(config: str, endpoint: str, requests: int, reps: int) -> dict[str, Any
     if config == "vllm_tracing":
         kwargs["otlp_traces_endpoint"] = endpoint
     if config.startswith("ours"):
-        os.environ.update(
-            {
-                "OTEL_TRACES_EXPORTER": "otlp",
-                "OTEL_METRICS_EXPORTER": "otlp",
-                "OTEL_LOGS_EXPORTER": "none",
-                "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-                "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-                "OTEL_SERVICE_NAME": "bench-peers",
-            }
-        )
-        from otel_rollout.sdk import configure_from_environment
-
-        assert configure_from_environment(), "the SDK was not configured"
-    from opentelemetry import metrics, trace
+        configure_ours(endpoint)
     from vllm import LLM
 
     llm = LLM(model=os.environ["MODEL"], **kwargs)
@@ -73,17 +107,10 @@ def child(config: str, endpoint: str, requests: int, reps: int) -> dict[str, Any
     params = C.make_params(lengths)
     prompts = [f"def task_{i}(x):" for i in range(requests)]
 
-    def flush() -> None:
-        from otel_rollout.emitter import flush_all
-
-        flush_all(120)
-        for provider in (trace.get_tracer_provider(), metrics.get_meter_provider()):
-            getattr(provider, "force_flush", lambda: None)()
-
     def once() -> tuple[float, float]:
         c0, w0 = time.process_time(), time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
-        flush()
+        flush_providers()
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
         assert [len(o.outputs[0].token_ids) for o in outs] == lengths
         return wall, cpu
@@ -94,18 +121,78 @@ def child(config: str, endpoint: str, requests: int, reps: int) -> dict[str, Any
     return {"config": config, "requests": requests, "wall_s": list(walls), "cpu_s": list(cpus)}
 
 
-def run(smoke: bool) -> dict[str, Any]:
+def sglang_child(config: str, endpoint: str, requests: int, reps: int) -> dict[str, Any]:
+    import psutil
+
+    from testkit.engines import SGLANG_KWARGS, sglang_environment
+
+    sglang_environment()
+    os.environ["SGLANG_OTLP_EXPORTER_SCHEDULE_DELAY_MILLIS"] = "100"
+    kwargs: dict[str, Any] = dict(SGLANG_KWARGS)
+    if config in ("sglang_metrics", "ours_metrics"):
+        kwargs["enable_metrics"] = True
+    if config == "sglang_tracing":
+        kwargs.update(enable_trace=True, otlp_traces_endpoint=endpoint.removeprefix("http://"))
+    if config.startswith("ours"):
+        configure_ours(endpoint)
+    import sglang
+
+    engine = sglang.Engine(model_path=os.environ["MODEL"], **kwargs)
+    lengths = C.long_tail(requests, seed=7, high=256)
+    params = [{"max_new_tokens": n, "ignore_eos": True, "temperature": 0.7} for n in lengths]
+    prompts = [f"def task_{i}(x):" for i in range(requests)]
+    me = psutil.Process()
+
+    def tree_cpu() -> float:
+        total = 0.0
+        for proc in (me, *me.children(recursive=True)):
+            try:
+                times = proc.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+        return total
+
+    def once() -> tuple[float, float, float]:
+        c0, d0, w0 = tree_cpu(), time.process_time(), time.perf_counter()
+        outs = engine.generate(prompt=prompts, sampling_params=params)
+        wall = time.perf_counter() - w0
+        flush_providers()
+        time.sleep(SETTLE_S)
+        cpu, driver = tree_cpu() - c0, time.process_time() - d0
+        assert [o["meta_info"]["completion_tokens"] for o in outs] == lengths
+        return wall, cpu, driver
+
+    try:
+        once()
+        once()
+        walls, cpus, drivers = zip(*(once() for _ in range(reps)), strict=True)
+    finally:
+        engine.shutdown()
+    return {
+        "config": config,
+        "requests": requests,
+        "wall_s": list(walls),
+        "cpu_s": list(cpus),
+        "driver_cpu_s": list(drivers),
+    }
+
+
+def run(smoke: bool, engine: str = "vllm") -> dict[str, Any]:
     from testkit.otlp_receiver import OTLPReceiver
 
+    configs = CONFIGS[engine]
     requests, reps, passes = (8, 1, 1) if smoke else (256, 3, 2)
     receiver = OTLPReceiver().start()
     env = {**os.environ, "MODEL": model_path()}
-    samples: dict[str, dict[str, list[float]]] = {c: {"wall_s": [], "cpu_s": []} for c in CONFIGS}
+    keys = ("wall_s", "cpu_s", "driver_cpu_s") if engine == "sglang" else ("wall_s", "cpu_s")
+    samples = {c: {k: list[float]() for k in keys} for c in configs}
+    span_counts, seen = dict.fromkeys(configs, 0), 0
     try:
         for p in range(passes):
-            for config in CONFIGS if p % 2 == 0 else tuple(reversed(CONFIGS)):
+            for config in configs if p % 2 == 0 else tuple(reversed(configs)):
                 out = subprocess.run(
-                    [sys.executable, __file__, "--child", config, "--endpoint",
+                    [sys.executable, __file__, "--engine", engine, "--child", config, "--endpoint",
                      receiver.grpc_endpoint, "--requests", str(requests), "--reps", str(reps)],
                     capture_output=True, text=True, env=env, check=False, timeout=900,
                 )  # fmt: skip
@@ -113,8 +200,11 @@ def run(smoke: bool) -> dict[str, Any]:
                 if out.returncode != 0 or not lines:
                     raise RuntimeError(f"{config} failed:\n{out.stderr[-3000:]}")
                 got = json.loads(lines[-1])
-                samples[config]["wall_s"] += got["wall_s"]
-                samples[config]["cpu_s"] += got["cpu_s"]
+                for key in keys:
+                    samples[config][key] += got[key]
+                received = len(receiver.spans())
+                span_counts[config] += received - seen
+                seen = received
                 print(config, got, flush=True)
         spans = len(receiver.spans())
     finally:
@@ -123,6 +213,7 @@ def run(smoke: bool) -> dict[str, Any]:
     base_cpu = statistics.median(samples["bare"]["cpu_s"])
     result: dict[str, Any] = {
         "machine": C.machine(),
+        "engine": engine,
         "requests": requests,
         "runs_per_config": reps * passes,
         "spans_received": spans,
@@ -130,12 +221,17 @@ def run(smoke: bool) -> dict[str, Any]:
     }
     for config, got in samples.items():
         wall, cpu = statistics.median(got["wall_s"]), statistics.median(got["cpu_s"])
-        result["configs"][config] = {
+        row = result["configs"][config] = {
             "wall_s": C.band(got["wall_s"], 3),
             "cpu_s": C.band(got["cpu_s"], 3),
             "wall_ratio": round(wall / base_wall, 3),
             "cpu_added_us_per_request": round((cpu - base_cpu) / requests * 1e6, 1),
+            "spans_received": span_counts[config],
         }
+        if "driver_cpu_s" in got:  # SGLang: the process that holds its tokenizer manager (and us)
+            driver, base = (statistics.median(samples[c]["driver_cpu_s"]) for c in (config, "bare"))
+            row["driver_cpu_s"] = C.band(got["driver_cpu_s"], 3)
+            row["driver_cpu_added_us_per_request"] = round((driver - base) / requests * 1e6, 1)
     return result
 
 
@@ -143,15 +239,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out")
-    ap.add_argument("--child", choices=CONFIGS)
+    ap.add_argument("--engine", choices=tuple(CONFIGS), default="vllm")
+    ap.add_argument("--child")
     ap.add_argument("--endpoint")
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.endpoint, args.requests, args.reps)), flush=True)
+        if args.child not in CONFIGS[args.engine]:
+            ap.error(
+                f"--child {args.child!r}: not a {args.engine} configuration {CONFIGS[args.engine]}"
+            )
+        got = child(args.engine, args.child, args.endpoint, args.requests, args.reps)
+        print(json.dumps(got), flush=True)
         return
-    C.write(args.out, run(args.smoke))
+    C.write(args.out, run(args.smoke, args.engine))
 
 
 if __name__ == "__main__":

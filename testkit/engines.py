@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -23,6 +25,33 @@ VLLM_KWARGS: dict[str, Any] = dict(
 def vllm_environment() -> None:
     for key, value in VLLM_ENV.items():
         os.environ.setdefault(key, value)
+
+
+SGLANG_STANDIN = Path(__file__).resolve().parent / "sgl_kernel_standin"
+"""The test-environment stand-in for ``sgl_kernel``, which has no CPU build on PyPI: it
+provides the one op a plain generate reaches (FACTS.md)."""
+SGLANG_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
+SGLANG_KWARGS: dict[str, Any] = dict(
+    device="cpu",
+    attention_backend="torch_native",
+    dtype="bfloat16",
+    mem_fraction_static=0.05,
+    max_total_tokens=4096,
+    disable_cuda_graph=True,
+    skip_server_warmup=True,
+)
+
+
+def sglang_environment() -> None:
+    """SGLang's CPU engine, in this process and the scheduler and detokenizer it spawns: the
+    stand-in on ``sys.path`` and ``PYTHONPATH`` before sglang is imported."""
+    for key, value in SGLANG_ENV.items():
+        os.environ.setdefault(key, value)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(SGLANG_STANDIN) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(SGLANG_STANDIN), *paths])
+    if str(SGLANG_STANDIN) not in sys.path:
+        sys.path.insert(0, str(SGLANG_STANDIN))
 
 
 def long_tail_lengths(n: int, seed: int = 0, low: int = 8, high: int = 256) -> list[int]:

@@ -3,43 +3,19 @@
 SGLang's CPU engine needs ``sgl_kernel``, which has no CPU build on PyPI; the test-environment
 stand-in in ``testkit/sgl_kernel_standin`` provides the one op a plain generate reaches. It
 goes on ``sys.path`` (this process) and ``PYTHONPATH`` (the engine's spawned scheduler and
-detokenizer) before sglang is imported.
+detokenizer) before sglang is imported (``testkit.engines.sglang_environment``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from testkit.engines import SGLANG_KWARGS, sglang_environment
 from tests.conftest import OTelHarness, require_module
-
-STANDIN = Path(__file__).resolve().parents[2] / "testkit" / "sgl_kernel_standin"
-SGLANG_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
-ENGINE_KWARGS: dict[str, Any] = dict(
-    device="cpu",
-    attention_backend="torch_native",
-    dtype="bfloat16",
-    mem_fraction_static=0.05,
-    max_total_tokens=4096,
-    disable_cuda_graph=True,
-    skip_server_warmup=True,
-)
-
-
-def sglang_environment() -> None:
-    for key, value in SGLANG_ENV.items():
-        os.environ.setdefault(key, value)
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(STANDIN) not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(STANDIN), *paths])
-    if str(STANDIN) not in sys.path:
-        sys.path.insert(0, str(STANDIN))
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +39,7 @@ def instrumented(otel_session: OTelHarness, sglang_module: Any) -> Iterator[Any]
 
 
 def start_engine(sglang_module: Any, model: str, **kwargs: Any) -> Any:
-    return sglang_module.Engine(model_path=model, **{**ENGINE_KWARGS, **kwargs})
+    return sglang_module.Engine(model_path=model, **{**SGLANG_KWARGS, **kwargs})
 
 
 @pytest.fixture(autouse=True)
