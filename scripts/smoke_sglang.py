@@ -22,24 +22,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-STANDIN = REPO / "testkit" / "sgl_kernel_standin"
+sys.path.insert(0, str(REPO))
 
-os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(STANDIN)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-)
-sys.path.insert(0, str(STANDIN))
+from testkit.engines import SGLANG_KWARGS, sglang_environment  # noqa: E402
 
-ENGINE_KWARGS = dict(
-    device="cpu",
-    attention_backend="torch_native",
-    dtype="bfloat16",
-    mem_fraction_static=0.05,
-    max_total_tokens=4096,
-    disable_cuda_graph=True,
-    skip_server_warmup=True,
-)
+sglang_environment()
 
 
 def say(msg: str) -> None:
@@ -64,7 +51,7 @@ def main() -> int:
     say(f"sglang {sglang.__version__} model={args.model} enable_metrics={args.metrics}")
 
     t0 = time.perf_counter()
-    engine = sglang.Engine(model_path=args.model, enable_metrics=args.metrics, **ENGINE_KWARGS)
+    engine = sglang.Engine(model_path=args.model, enable_metrics=args.metrics, **SGLANG_KWARGS)
     say(f"Engine up in {time.perf_counter() - t0:.2f}s")
     try:
         # single
