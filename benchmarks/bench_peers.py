@@ -17,7 +17,10 @@ Spans go over OTLP/gRPC to a receiver in the parent process (its CPU is not coun
 warms up twice, then times ``reps`` generates: wall time, and process CPU (the engine core runs
 in-process here, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) including a flush of every provider, so
 the export work is inside. Reported per configuration: medians, CPU per request added over
-``bare``, and wall time as a ratio of ``bare``'s. Processes differ, so the figures carry the
+``bare``, each named thread's share (:data:`THREADS`), and wall time as a ratio of ``bare``'s.
+The engine's own CPU on the main thread spreads by about ±550 µs a request between runs of one
+configuration (256 requests), so the process figure orders nothing finer; a thread that is ours
+alone (the emitter) is measured apart from it. Processes differ, so the figures carry the
 machine's drift between them: configurations run in one pass, then a second pass in reverse
 order, and the medians pool both.
 
@@ -57,6 +60,40 @@ CONFIGS = {
 }
 SETTLE_S = 0.5
 """SGLang: the wait after a generate (and the flush) for its scheduler's own span exports."""
+THREADS = {
+    "main": "MainThread",
+    "emitter": "otel_rollout",
+    "span_export": "OtelBatchSpanRecordProcessor",
+    "metric_export": "OtelPeriodicExportingMetricReader",
+}
+"""Where a configuration's CPU goes in the process that runs the generate: its threads, by the
+name's start (our background emitter; the SDK's span and metric export); ``rest``: every other
+thread (the engine's, gRPC's), and threads that ended in between."""
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of this process's named threads (``THREADS``), from the kernel's
+    per-thread counters (``psutil``)."""
+    import threading
+
+    import psutil
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out = dict.fromkeys(THREADS, 0.0)
+    for thread in psutil.Process().threads():
+        name = names.get(thread.id, "")
+        for group, prefix in THREADS.items():
+            if name.startswith(prefix):
+                out[group] += thread.user_time + thread.system_time
+                break
+    return out
+
+
+def split(before: dict[str, float], after: dict[str, float], cpu: float) -> dict[str, float]:
+    """The named threads' share of ``cpu`` (the process's, over the same interval), and the rest."""
+    shares = {group: after[group] - before[group] for group in THREADS}
+    shares["rest"] = cpu - sum(shares.values())
+    return shares
 
 
 def configure_ours(endpoint: str) -> None:
@@ -107,18 +144,24 @@ def child(engine: str, config: str, endpoint: str, requests: int, reps: int) -> 
     params = C.make_params(lengths)
     prompts = [f"def task_{i}(x):" for i in range(requests)]
 
-    def once() -> tuple[float, float]:
-        c0, w0 = time.process_time(), time.perf_counter()
+    def once() -> tuple[float, float, dict[str, float]]:
+        t0, c0, w0 = thread_cpu(), time.process_time(), time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         flush_providers()
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
         assert [len(o.outputs[0].token_ids) for o in outs] == lengths
-        return wall, cpu
+        return wall, cpu, split(t0, thread_cpu(), cpu)
 
     once()
     once()
-    walls, cpus = zip(*(once() for _ in range(reps)), strict=True)
-    return {"config": config, "requests": requests, "wall_s": list(walls), "cpu_s": list(cpus)}
+    walls, cpus, threads = zip(*(once() for _ in range(reps)), strict=True)
+    return {
+        "config": config,
+        "requests": requests,
+        "wall_s": list(walls),
+        "cpu_s": list(cpus),
+        "threads_cpu_s": list(threads),
+    }
 
 
 def sglang_child(config: str, endpoint: str, requests: int, reps: int) -> dict[str, Any]:
@@ -153,20 +196,20 @@ def sglang_child(config: str, endpoint: str, requests: int, reps: int) -> dict[s
             total += times.user + times.system
         return total
 
-    def once() -> tuple[float, float, float]:
-        c0, d0, w0 = tree_cpu(), time.process_time(), time.perf_counter()
+    def once() -> tuple[float, float, float, dict[str, float]]:
+        t0, c0, d0, w0 = thread_cpu(), tree_cpu(), time.process_time(), time.perf_counter()
         outs = engine.generate(prompt=prompts, sampling_params=params)
         wall = time.perf_counter() - w0
         flush_providers()
         time.sleep(SETTLE_S)
         cpu, driver = tree_cpu() - c0, time.process_time() - d0
         assert [o["meta_info"]["completion_tokens"] for o in outs] == lengths
-        return wall, cpu, driver
+        return wall, cpu, driver, split(t0, thread_cpu(), driver)
 
     try:
         once()
         once()
-        walls, cpus, drivers = zip(*(once() for _ in range(reps)), strict=True)
+        walls, cpus, drivers, threads = zip(*(once() for _ in range(reps)), strict=True)
     finally:
         engine.shutdown()
     return {
@@ -175,6 +218,7 @@ def sglang_child(config: str, endpoint: str, requests: int, reps: int) -> dict[s
         "wall_s": list(walls),
         "cpu_s": list(cpus),
         "driver_cpu_s": list(drivers),
+        "threads_cpu_s": list(threads),
     }
 
 
@@ -187,6 +231,7 @@ def run(smoke: bool, engine: str = "vllm") -> dict[str, Any]:
     env = {**os.environ, "MODEL": model_path()}
     keys = ("wall_s", "cpu_s", "driver_cpu_s") if engine == "sglang" else ("wall_s", "cpu_s")
     samples = {c: {k: list[float]() for k in keys} for c in configs}
+    threads: dict[str, list[dict[str, float]]] = {c: [] for c in configs}
     span_counts, seen = dict.fromkeys(configs, 0), 0
     try:
         for p in range(passes):
@@ -202,6 +247,7 @@ def run(smoke: bool, engine: str = "vllm") -> dict[str, Any]:
                 got = json.loads(lines[-1])
                 for key in keys:
                     samples[config][key] += got[key]
+                threads[config] += got["threads_cpu_s"]
                 received = len(receiver.spans())
                 span_counts[config] += received - seen
                 seen = received
@@ -227,6 +273,18 @@ def run(smoke: bool, engine: str = "vllm") -> dict[str, Any]:
             "wall_ratio": round(wall / base_wall, 3),
             "cpu_added_us_per_request": round((cpu - base_cpu) / requests * 1e6, 1),
             "spans_received": span_counts[config],
+        }
+        row["threads_cpu_added_us_per_request"] = {
+            group: round(
+                (
+                    statistics.median(t[group] for t in threads[config])
+                    - statistics.median(t[group] for t in threads["bare"])
+                )
+                / requests
+                * 1e6,
+                1,
+            )
+            for group in (*THREADS, "rest")
         }
         if "driver_cpu_s" in got:  # SGLang: the process that holds its tokenizer manager (and us)
             driver, base = (statistics.median(samples[c]["driver_cpu_s"]) for c in (config, "bare"))
