@@ -67,8 +67,9 @@ THREADS = {
     "metric_export": "OtelPeriodicExportingMetricReader",
 }
 """Where a configuration's CPU goes in the process that runs the generate: its threads, by the
-name's start (our background emitter; the SDK's span and metric export); ``rest``: every other
-thread (the engine's, gRPC's), and threads that ended in between."""
+name's start. ``emitter``: otel_rollout's own threads (``otel_rollout-*``: the background
+emitter, the stall watch, a pacer's drain); the SDK's span and metric export; ``rest``: every
+other thread (the engine's, gRPC's), and threads that ended in between."""
 
 
 def thread_cpu() -> dict[str, float]:
