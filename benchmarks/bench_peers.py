@@ -49,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import _common as C
@@ -97,6 +98,20 @@ def split(before: dict[str, float], after: dict[str, float], cpu: float) -> dict
     return shares
 
 
+def workload(requests: int) -> tuple[list[int], list[str]]:
+    """The response lengths (long-tailed, fixed seed) and prompts every configuration runs."""
+    return C.long_tail(requests, seed=7, high=256), [f"def task_{i}(x):" for i in range(requests)]
+
+
+def timed(once: Callable[[], tuple[Any, ...]], reps: int, keys: tuple[str, ...]) -> dict[str, Any]:
+    """Two warm-up calls of ``once``, then ``reps`` timed ones: each of its results listed under
+    its key."""
+    once()
+    once()
+    runs = zip(*(once() for _ in range(reps)), strict=True)
+    return {key: list(values) for key, values in zip(keys, runs, strict=True)}
+
+
 def configure_ours(endpoint: str) -> None:
     """otel_rollout as ``opentelemetry-instrument`` sets it up: OTLP spans and metrics."""
     os.environ.update(
@@ -141,9 +156,8 @@ def child(engine: str, config: str, endpoint: str, requests: int, reps: int) -> 
     from vllm import LLM
 
     llm = LLM(model=os.environ["MODEL"], **kwargs)
-    lengths = C.long_tail(requests, seed=7, high=256)
+    lengths, prompts = workload(requests)
     params = C.make_params(lengths)
-    prompts = [f"def task_{i}(x):" for i in range(requests)]
 
     def once() -> tuple[float, float, dict[str, float]]:
         t0, c0, w0 = thread_cpu(), time.process_time(), time.perf_counter()
@@ -153,16 +167,8 @@ def child(engine: str, config: str, endpoint: str, requests: int, reps: int) -> 
         assert [len(o.outputs[0].token_ids) for o in outs] == lengths
         return wall, cpu, split(t0, thread_cpu(), cpu)
 
-    once()
-    once()
-    walls, cpus, threads = zip(*(once() for _ in range(reps)), strict=True)
-    return {
-        "config": config,
-        "requests": requests,
-        "wall_s": list(walls),
-        "cpu_s": list(cpus),
-        "threads_cpu_s": list(threads),
-    }
+    runs = timed(once, reps, ("wall_s", "cpu_s", "threads_cpu_s"))
+    return {"config": config, "requests": requests, **runs}
 
 
 def sglang_child(config: str, endpoint: str, requests: int, reps: int) -> dict[str, Any]:
@@ -182,9 +188,8 @@ def sglang_child(config: str, endpoint: str, requests: int, reps: int) -> dict[s
     import sglang
 
     engine = sglang.Engine(model_path=os.environ["MODEL"], **kwargs)
-    lengths = C.long_tail(requests, seed=7, high=256)
+    lengths, prompts = workload(requests)
     params = [{"max_new_tokens": n, "ignore_eos": True, "temperature": 0.7} for n in lengths]
-    prompts = [f"def task_{i}(x):" for i in range(requests)]
     me = psutil.Process()
 
     def tree_cpu() -> float:
@@ -208,19 +213,10 @@ def sglang_child(config: str, endpoint: str, requests: int, reps: int) -> dict[s
         return wall, cpu, driver, split(t0, thread_cpu(), driver)
 
     try:
-        once()
-        once()
-        walls, cpus, drivers, threads = zip(*(once() for _ in range(reps)), strict=True)
+        runs = timed(once, reps, ("wall_s", "cpu_s", "driver_cpu_s", "threads_cpu_s"))
     finally:
         engine.shutdown()
-    return {
-        "config": config,
-        "requests": requests,
-        "wall_s": list(walls),
-        "cpu_s": list(cpus),
-        "driver_cpu_s": list(drivers),
-        "threads_cpu_s": list(threads),
-    }
+    return {"config": config, "requests": requests, **runs}
 
 
 def run(smoke: bool, engine: str = "vllm") -> dict[str, Any]:

@@ -149,17 +149,7 @@ class EngineActivity:
                     self.progress_ns = now  # silence counts from when work arrived
             elif delta < 0:
                 self.progress_ns = now  # a request finished: the engine is generating
-                starts = self._starts
-                # The common end, inline: its own start released (:meth:`_release` otherwise).
-                left = starts.get(started_ns, 0) if started_ns is not None else 0
-                if left > -delta:
-                    starts[started_ns] = left + delta  # type: ignore[index]
-                elif left == -delta:
-                    del starts[started_ns]  # type: ignore[arg-type]
-                else:
-                    self._release(-delta, started_ns)
-                if active <= 0:
-                    starts.clear()
+                self._release(-delta, started_ns)
         return now
 
     def progressed(self) -> None:
@@ -192,8 +182,14 @@ class EngineActivity:
 
     def _release(self, count: int, started_ns: int | None) -> None:
         starts = self._starts
-        if started_ns is not None and started_ns in starts:
-            count -= self._take(started_ns, count)
+        # The common end first, here rather than through _take: its own start, released.
+        left = starts.get(started_ns, 0) if started_ns is not None else 0
+        if left > count:
+            starts[started_ns] = left - count  # type: ignore[index]
+            count = 0
+        elif left:
+            del starts[started_ns]  # type: ignore[arg-type]
+            count -= left
         while count > 0 and starts:
             count -= self._take(min(starts), count)
         if self.active == 0:

@@ -228,7 +228,7 @@ class Telemetry:
         a client call to a remote server (no engine here) stays without one.
         """
         if not WeightVersions.changed_anywhere:
-            return  # the common case: no weight update in this process yet
+            return  # no weight update in this process (yet): no engine to ask
         versioned = {model for model, a in list(self._engines.items()) if a.weights.seen}
         if not versioned:
             return  # no engine here changed weights: nothing per record (10,000 after a generate)
