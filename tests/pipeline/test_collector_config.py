@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from collector_schema import config_errors
+from collector_schema import errors as schema_errors
 
 KINDS = ("receivers", "processors", "exporters", "connectors", "extensions")
 SUFFIX = {
@@ -368,3 +370,62 @@ def test_exponential_histograms_remote_written_as_native_histograms(repo_root: P
         assert conditions(pipelines[native]) == ["type != METRIC_DATA_TYPE_EXPONENTIAL_HISTOGRAM"]
         endpoint = _env_default(cfg["exporters"]["prometheusremotewrite"]["endpoint"])
         assert endpoint.endswith("/api/v1/write"), rel
+
+
+@pytest.fixture(scope="module")
+def contrib_fields(repo_root: Path) -> dict:
+    version = _env_pins(repo_root)["OTELCOL_CONTRIB_VERSION"]
+    path = repo_root / "tests" / "data" / f"otelcol-contrib-{version}-fields.yaml"
+    assert path.exists(), f"no typed field table for the pinned otelcol-contrib {version}: {path}"
+    data = yaml.safe_load(path.read_text())
+    assert str(data["version"]) == version
+    return data
+
+
+@pytest.mark.parametrize("rel", CONFIGS)
+def test_every_field_decodes_into_its_type(repo_root: Path, contrib_fields: dict, rel: str) -> None:
+    """What the Collector's own decoder would refuse at start-up: unknown keys, wrong types."""
+    assert config_errors(_load(repo_root, rel), contrib_fields) == []
+
+
+@pytest.mark.parametrize(
+    ("patch", "expected"),
+    [
+        # issue #40: a YAML integer where the field is a string stops the agent
+        ({"resolver": {"dns": {"port": 4317}}}, "resolver.dns.port: 4317 (int)"),
+        ({"resolver": {"dns": {"interval": 10}}}, "does not decode into duration"),
+        ({"resolver": {"dns": {"ttl": "10s"}}}, "resolver.dns.ttl: not a field"),
+        ({"protocol": {"otlp": {"tls": {"insecure": "yes"}}}}, "does not decode into bool"),
+        ({"routing_key": ["traceID"]}, "does not decode into string"),
+    ],
+)
+def test_the_typed_check_catches_what_the_collector_refuses(
+    repo_root: Path, contrib_fields: dict, patch: dict, expected: str
+) -> None:
+    cfg = _load(repo_root, "collector/multinode/agent.yaml")
+    cfg["exporters"]["loadbalancing"] = _merge(cfg["exporters"]["loadbalancing"], patch)
+    found = config_errors(cfg, contrib_fields)
+    assert len(found) == 1 and expected in found[0], found
+
+
+def test_env_defaults_decode_as_the_collector_expands_them(contrib_fields: dict) -> None:
+    ts = contrib_fields["processors"]["tail_sampling"]
+    good = {"num_traces": "${env:N:-200000}", "decision_wait": "${env:W:-10m}"}
+    assert list(schema_errors("p", ts, good)) == []
+    bad = {"num_traces": "${env:N:-lots}", "decision_wait": "${env:W:-600}"}
+    assert [e.split(":")[0] for e in schema_errors("p", ts, bad)] == [
+        "p.num_traces",
+        "p.decision_wait",
+    ]
+    # a string field keeps an expanded value's text: a number in the default is fine there
+    dns = contrib_fields["exporters"]["loadbalancing"]["resolver"]["dns"]
+    assert list(schema_errors("d", dns, {"port": "${env:P:-4317}"})) == []
+
+
+def test_tail_sampler_blocks_instead_of_dropping_undecided_traces(repo_root: Path) -> None:
+    """Past num_traces the sampler drops the oldest traces undecided (slow and error ones too)
+    unless block_on_overflow (contrib #41546, in the pinned release) holds intake back."""
+    ts = _tail_sampling(repo_root)
+    assert ts["block_on_overflow"] is True
+    header = (repo_root / OVERLAY).read_text()
+    assert "decided early" not in header and "block_on_overflow" in header
