@@ -10,7 +10,6 @@ recompute every figure independently from exported spans.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -23,7 +22,7 @@ from otel_rollout.engine_analysis import (
     analyze_request_phases,
 )
 from otel_rollout.engine_stats import EngineWindow
-from otel_rollout.quantiles import nearest_rank
+from otel_rollout.quantiles import nearest_rank, tail_start_index
 from otel_rollout.record import FINISH_LENGTH, RequestRecord, TrajectoryRecord
 from otel_rollout.versions import as_int
 
@@ -225,7 +224,7 @@ def analyze(
         return None
     n = len(records)
     finishes = sorted(r.finish_ns for r in records)
-    tail_start = finishes[max(0, math.ceil(tail_quantile * n) - 1)]
+    tail_start = finishes[tail_start_index(n, tail_quantile)]
     last = finishes[-1]
     latencies = sorted(r.duration_s for r in records)
     tokens = sorted(r.output_tokens or 0 for r in records)

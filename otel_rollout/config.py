@@ -176,7 +176,6 @@ class RolloutConfig:
     step_wait: float = 5.0
     emit_queue: int = 262_144
     sample_rate: float = 0.02
-    sample_tail: float = 0.95
     sample_min_step: int = 64
     sample_slowest: int = 5
     report_dir: str | None = None
@@ -363,7 +362,9 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "OTEL_ROLLOUT_TAIL_QUANTILE",
         "tail_quantile",
         _quantile,
-        "A step's tail starts when this share of its requests has finished.",
+        "A step's tail starts when this share of its requests has finished: the requests "
+        "after it are the tail the summary, the step span and the dashboards name, and "
+        "step-aware sampling keeps each one's span.",
     ),
     Setting(
         "OTEL_ROLLOUT_STEP_SUMMARY",
@@ -423,15 +424,9 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "Step-aware sampling of request spans: the share of a large step's ordinary requests "
         "whose spans are kept (every 1/rate-th in finish order). Errors, aborts, truncations and the step's tail "
         "are kept besides; metric points are recorded for every request, exemplars name only "
-        "kept spans. The default, 0.02, keeps about 8 % of a large step's spans; 1 keeps every "
+        "kept spans. The default, 0.02, keeps about 13 % of a long-tailed step's spans (the "
+        "tail's 10 % among them); 1 keeps every "
         "span.",
-    ),
-    Setting(
-        "OTEL_ROLLOUT_SAMPLE_TAIL",
-        "sample_tail",
-        _quantile,
-        "Step-aware sampling: a request finishing after this share of its step's requests had "
-        "finished is a straggler, and its span is kept.",
     ),
     Setting(
         "OTEL_ROLLOUT_SAMPLE_MIN_STEP",
@@ -499,6 +494,28 @@ def _gen_ai_latest(environ: Mapping[str, str]) -> bool:
     return GEN_AI_LATEST in (part.strip() for part in raw.split(","))
 
 
+RETIRED: dict[str, tuple[str, str]] = {
+    "OTEL_ROLLOUT_SAMPLE_TAIL": (
+        "OTEL_ROLLOUT_TAIL_QUANTILE",
+        "no longer read: a step's tail is one setting, and step-aware sampling keeps the spans "
+        "of the tail the step's analytics name",
+    ),
+}
+"""Variables earlier releases read: the setting that replaced each, and why. A stale one is
+reported (``otel-rollout check`` fails on it), never silently ignored."""
+
+
+def _retired(env: Mapping[str, str], values: Mapping[str, Any]) -> list[Problem]:
+    by_env = {s.env: s for s in SETTINGS}
+    out = []
+    for name, (replacement, reason) in RETIRED.items():
+        if name in env:
+            setting = by_env[replacement]
+            now = setting.render(values[setting.attr])
+            out.append(Problem(name, env[name], reason, f"{replacement}={now}"))
+    return out
+
+
 def load_config(environ: Mapping[str, str] | None = None, *, warn: bool = True) -> RolloutConfig:
     """Read the environment; never raises. ``warn`` logs each problem once, as a warning."""
     env = os.environ if environ is None else environ
@@ -512,6 +529,7 @@ def load_config(environ: Mapping[str, str] | None = None, *, warn: bool = True) 
     if problem:
         problems.append(problem)
     values["gen_ai_latest"] = _gen_ai_latest(env)
+    problems.extend(_retired(env, values))
     if warn:
         for problem in problems:
             _logger.warning("otel_rollout: %s", problem.message())

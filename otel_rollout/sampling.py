@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from otel_rollout.context import StepView
+from otel_rollout.quantiles import tail_size, tail_start_index
 from otel_rollout.record import FINISH_ABORT, FINISH_LENGTH, RequestRecord
 
 if TYPE_CHECKING:
@@ -77,7 +78,8 @@ SLOWEST = "slowest"
 class SamplingPolicy:
     rate: float = 0.02
     """``OTEL_ROLLOUT_SAMPLE_RATE``; 1 keeps every span."""
-    tail: float = 0.95
+    tail: float = 0.9
+    """``OTEL_ROLLOUT_TAIL_QUANTILE``: the tail kept is the tail the step's analytics name."""
     min_step: int = 64
     slowest: int = 5
 
@@ -121,7 +123,7 @@ def decide(
     now = _at_once(record)
     if now is not None:
         return now
-    if done_before >= policy.tail * started:
+    if done_before > tail_start_index(started, policy.tail):
         return "tail"
     if rate_pick(rest_before, policy.rate):
         return "rate"
@@ -210,7 +212,7 @@ class StepSampling:
             room = (
                 policy.min_step
                 if self._small
-                else min(int((1.0 - policy.tail) * started), TAIL_WINDOW_MAX)
+                else min(tail_size(started, policy.tail), TAIL_WINDOW_MAX)
             )
             decided: list[Waiting] = []
             while len(self._window) > room:

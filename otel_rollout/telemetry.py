@@ -334,7 +334,7 @@ class Telemetry:
         if cached is None or cached[0] is not config:
             policy = SamplingPolicy(
                 config.sample_rate,
-                config.sample_tail,
+                config.tail_quantile,
                 config.sample_min_step,
                 config.sample_slowest,
             )

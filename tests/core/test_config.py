@@ -52,7 +52,6 @@ MALFORMED = [
     ("OTEL_ROLLOUT_EMIT_QUEUE", "-1"),
     ("OTEL_ROLLOUT_SAMPLE_RATE", "2"),
     ("OTEL_ROLLOUT_SAMPLE_RATE", "a few"),
-    ("OTEL_ROLLOUT_SAMPLE_TAIL", "0"),
     ("OTEL_ROLLOUT_SAMPLE_MIN_STEP", "many"),
     ("OTEL_ROLLOUT_SAMPLE_SLOWEST", "-1"),
     ("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "perhaps"),
@@ -84,6 +83,22 @@ def test_malformed_value_warns_once_and_uses_default(env: str, value: str, caplo
     (problem,) = config.problems
     assert problem.variable == env and problem.value == value
     assert config == RolloutConfig()  # every other value is the default too
+
+
+def test_a_retired_variable_is_reported_with_what_replaced_it(caplog) -> None:
+    """OTEL_ROLLOUT_SAMPLE_TAIL is gone (#40: one tail): a user who still sets it is told that
+    it is not read and which setting decides now, and nothing else changes."""
+    with caplog.at_level(logging.WARNING, logger="otel_rollout"):
+        config = load_config(
+            {"OTEL_ROLLOUT_SAMPLE_TAIL": "0.95", "OTEL_ROLLOUT_TAIL_QUANTILE": "0.8"}
+        )
+    (problem,) = config.problems
+    assert (problem.variable, problem.value) == ("OTEL_ROLLOUT_SAMPLE_TAIL", "0.95")
+    assert problem.default == "OTEL_ROLLOUT_TAIL_QUANTILE=0.8"
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "no longer read" in warning and "OTEL_ROLLOUT_TAIL_QUANTILE=0.8" in warning
+    assert config.tail_quantile == 0.8 and not hasattr(config, "sample_tail")
+    assert set(cfg.RETIRED).isdisjoint(s.env for s in SETTINGS)
 
 
 @pytest.mark.parametrize("value", ["", "   "])

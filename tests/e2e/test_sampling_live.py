@@ -84,10 +84,10 @@ def test_counts_are_complete_spans_are_sampled_and_exemplars_resolve(sampled_run
     share = len(spans) / n
     reasons = [attr(s.attributes, "rollout.sampling.reason") for s in spans]
     print(f"\nkept {len(spans)} of {n} request spans ({share:.1%}): {Counter(reasons)}")
-    assert share <= 0.10
+    assert share <= 0.16  # the tail (10 %), every 50th of the rest, the truncations
     assert reasons.count("truncated") == STEPS * BATCH // 100  # every truncation
     assert set(reasons) <= {"truncated", "tail", "rate", "slowest"}
-    assert reasons.count("tail") >= STEPS * int(0.04 * BATCH)  # the stragglers
+    assert reasons.count("tail") >= STEPS * int(0.09 * BATCH)  # the step's tail
     exemplars = sampled_run.prom.exemplars(NATIVE)
     assert exemplars
     assert {e["labels"]["span_id"] for e in exemplars} <= {s.span_id.hex() for s in spans}

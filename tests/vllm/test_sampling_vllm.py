@@ -1,10 +1,11 @@
 """Step-aware sampling on the real vLLM ``AsyncLLM`` (issue #19): two steps of 300 long-tailed
 requests submitted together, 3 truncated, one rejected by the engine (a prompt longer than the
 model's context), ``OTEL_ROLLOUT_SAMPLE_RATE=0.01`` (0.02 in tests/e2e/test_sampling_live.py:
-here the lower rate keeps the 10 % bound clear of chance on 602 requests).
+here the lower rate keeps the 15 % bound clear of chance on 602 requests).
 
-Kept: at most 10 % of the request spans; every truncation, the error and every straggler (each
-request that finished after 95 % of its step had). Counted: every request, in every metric.
+Kept: at most 15 % of the request spans; every truncation, the error and every request of the
+tail the step's analysis names (each request that finished after OTEL_ROLLOUT_TAIL_QUANTILE, 90 %,
+of its step had: issue #40, one definition of the tail). Counted: every request, in every metric.
 Every exemplar names an exported span.
 """
 
@@ -82,18 +83,22 @@ def test_a_sampled_step_keeps_stragglers_errors_and_truncations(
         error = mine[f"{prefix}too-long"]
         assert error.status.status_code == StatusCode.ERROR
         assert error.attributes["rollout.sampling.reason"] == "error"
-        # every straggler: the requests that finished after 95 % of the step had. The caller
-        # sees them in the engine's order up to requests finishing in one iteration, so the
-        # last 4 % of what it saw lie inside the sampler's last 5 %.
+        # the tail the step's analysis names, every request of it a span: those that ended
+        # after its tail started, exactly as many as it counts
+        stats = scope.stats
+        in_tail = [s for s in mine.values() if s.end_time > stats.tail_start_ns]
+        assert len(in_tail) == stats.tail_requests > 0
+        # the caller sees them in the engine's order up to requests finishing in one
+        # iteration, so the last 9 % of what it saw lie inside the last 10 %
         order = finished[scope.step]
-        stragglers = set(order[int(0.96 * len(order)) :])
+        stragglers = set(order[int(0.91 * len(order)) :])
         assert stragglers <= set(mine), stragglers - set(mine)
         assert {mine[rid].attributes.get("rollout.sampling.reason") for rid in stragglers} <= {
             "tail",
             "truncated",
         }
     share = total / (2 * (N + 1))
-    assert share <= 0.10, f"kept {share:.1%}"
+    assert share <= 0.15, f"kept {share:.1%}"
     print(f"\nkept {total} of {2 * (N + 1)} request spans ({share:.1%})")
     # counts: every request; exemplars: only exported spans
     points = otel.metric_points("gen_ai.server.request.duration")
