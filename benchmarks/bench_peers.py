@@ -174,11 +174,11 @@ def child(engine: str, config: str, endpoint: str, requests: int, reps: int) -> 
 def sglang_child(config: str, endpoint: str, requests: int, reps: int) -> dict[str, Any]:
     import psutil
 
-    from testkit.engines import SGLANG_KWARGS, sglang_environment
+    from testkit.engines import sglang_environment, sglang_kwargs
 
     sglang_environment()
     os.environ["SGLANG_OTLP_EXPORTER_SCHEDULE_DELAY_MILLIS"] = "100"
-    kwargs: dict[str, Any] = dict(SGLANG_KWARGS)
+    kwargs: dict[str, Any] = sglang_kwargs()
     if config in ("sglang_metrics", "ours_metrics"):
         kwargs["enable_metrics"] = True
     if config == "sglang_tracing":

@@ -31,6 +31,9 @@ from otel_rollout.semconv import (
     ROLLOUT_TIMING_SOURCE,
     ROLLOUT_TTFT,
     ROLLOUT_WEIGHT_VERSION,
+    ROLLOUT_WEIGHT_VERSION_SOURCE,
+    ROLLOUT_WEIGHT_VERSION_TOKENS,
+    ROLLOUT_WEIGHT_VERSIONS,
     STEP_ATTR_PHASE_PREFIX,
     STEP_ATTR_PHASE_SUFFIX,
     STEP_ATTR_SLOWEST_TRAJECTORIES,
@@ -124,6 +127,7 @@ _OPTIONAL_KEYS = (
     ROLLOUT_DECODE_TIME,
     ROLLOUT_STEP,
     ROLLOUT_WEIGHT_VERSION,
+    ROLLOUT_WEIGHT_VERSION_SOURCE,
 )
 """A request span's optional attributes, each set where the record has a value; in the order of
 :func:`request_span_attributes`' values (built once here: the span of every request reads it)."""
@@ -168,12 +172,16 @@ def request_span_attributes(
         record.decode_time_s,
         record.step,
         record.weight_version,
+        record.weight_version_source,
     )
     for key, value in zip(_LATEST_KEYS if gen_ai_latest else _OPTIONAL_KEYS, values, strict=True):
         if value is not None:
             attrs[key] = value
     if record.finish_reasons:
         attrs[GenAI.GEN_AI_RESPONSE_FINISH_REASONS] = list(record.finish_reasons)
+    if len(record.weight_versions) > 1:  # generated under several weights: which, how much
+        attrs[ROLLOUT_WEIGHT_VERSIONS] = [v for v, _ in record.weight_versions]
+        attrs[ROLLOUT_WEIGHT_VERSION_TOKENS] = [n for _, n in record.weight_versions]
     if record.error is not None:
         attrs[error_attributes.ERROR_TYPE] = type(record.error).__qualname__
     if capture_content:

@@ -441,6 +441,8 @@ def drain_all(stall_s: float) -> bool:
     for emitter in live:
         counts_ok = emitter.drain(stall_s, busy_s=stuck_s) and counts_ok
     skipped = sum(e.spans_skipped for e in live) - before
+    if counts_ok and skipped == 0:
+        return True  # the wait gave up, but the exporter took every span meanwhile
     if counts_ok:
         _logger.warning(
             "otel_rollout: %d request span(s) were not made at exit: the span exporter "
@@ -457,6 +459,15 @@ def drain_all(stall_s: float) -> bool:
             stall_s,
         )
     return False
+
+
+def exporter_answered() -> None:
+    """The tracer provider's own ``force_flush`` completed: its span exporter has answered. A
+    first drain at exit is then a slow exporter's, not a dead one's (``NEVER_ANSWERED_S``), even
+    where no drain of ours had returned yet (a flush by the user made every export so far)."""
+    for live in list(_LIVE):
+        if live._pacer is not None:
+            live._pacer.answered += 1
 
 
 def exporter_stuck(after_s: float) -> bool:

@@ -45,6 +45,7 @@ __all__ = [
     "set_weight_version",
     "version_argument",
     "version_field",
+    "version_name_wrapper",
     "weight_rpc",
 ]
 
@@ -201,6 +202,45 @@ def operation_wrapper(
         with running, observing():
             running.result = wrapped(*args, **kwargs)
             return running.result
+
+    return wrapper
+
+
+def version_name_wrapper(
+    telemetry: Telemetry,
+    version_of: Callable[[tuple[Any, ...], dict[str, Any]], Any],
+    model_of: Callable[[Any], str],
+) -> Wrapper:
+    """An engine call that names the version of the weights it runs without loading any
+    (vLLM's ``AsyncLLM.update_weight_version``, ``LLMEngine.set_weight_version``): once it
+    returned, requests arriving carry that name (source ``named``) and updates no longer count.
+    Not an operation: nothing is held and no phase is timed. Inside another wrapped call
+    (``finish_weight_update(weight_version=…)`` names through it) the outer call names it."""
+
+    def name(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        with telemetry.log.guard("engine operation"):
+            version = version_of(args, kwargs)
+            if version is not None:
+                activity = telemetry.engine_activity(model_of(instance))
+                activity.weights.name(time.time_ns(), version)
+
+    async def named_after(
+        wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        result = await wrapped(*args, **kwargs)
+        name(instance, args, kwargs)
+        return result
+
+    def wrapper(
+        wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if not should_observe():
+            return wrapped(*args, **kwargs)
+        if inspect.iscoroutinefunction(wrapped):
+            return named_after(wrapped, instance, args, kwargs)
+        result = wrapped(*args, **kwargs)
+        name(instance, args, kwargs)
+        return result
 
     return wrapper
 

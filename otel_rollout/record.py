@@ -175,8 +175,15 @@ class RequestRecord:
     """Why the request's span is made (:mod:`otel_rollout.sampling`), ``None``: sampled out
     (its metric points are recorded all the same, with no exemplar)."""
     weight_version: int | str | None = None
-    """The engine's weight version when the request arrived (:mod:`otel_rollout.versions`);
-    ``None`` where no version was ever seen."""
+    """The weight version that generated the request (:mod:`otel_rollout.versions`): the
+    engine's own label of its first output token where the engine reports one, else the version
+    in effect when it arrived; ``None`` where no version was ever seen."""
+    weight_version_source: str | None = None
+    """Where ``weight_version`` comes from: ``engine``, ``named`` or ``counted``."""
+    weight_versions: tuple[tuple[str, int], ...] = ()
+    """The engine's own versions over the request's output tokens, in order: (version, output
+    tokens it generated), summed over the request's samples. More than one: the weights
+    changed mid-request (a partial rollout)."""
     step: int | None = None
     """The training step it was handed over in (its context's, looked up once at hand-over:
     the span, made later on the emitter's thread, carries it as ``rollout.step``)."""

@@ -18,8 +18,8 @@ before the request's span or metric points exist, from what the step has seen in
 
 The tail and the longest are known only when the step ends, so a step open in this process
 decides them then. Each finished request waits in the step's tail window (the latest
-``1 - tail`` of the requests started so far, at most :data:`TAIL_WINDOW_MAX`) until later
-finishers push it out; then the rate decides, and what that leaves out waits for one of the
+``1 - tail`` of the requests started so far by finish time, whatever order they were handed over
+in, at most :data:`TAIL_WINDOW_MAX`) until later finishers push it out; then the rate decides, and what that leaves out waits for one of the
 ``slowest`` places. Every request competes for those, kept or not (a longer one pushes the
 shortest out; a waiting one pushed out is dropped), so a place goes only to one of the step's
 longest: in a batch those are its tail, and the places add no span. At the step's end what is
@@ -48,7 +48,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -159,7 +159,10 @@ class StepSampling:
         self.started = 0
         self.done = 0
         self.holds = holds
-        self._window: deque[Waiting] = deque()  # the latest finishers: the tail if it ended now
+        # the latest finishers by their finish time, a min-heap: the tail if the step ended now.
+        # By time, not by when each was handed over: a stream's caller may see two requests of
+        # one engine iteration in either order, and the tail is the analysis's, by finish time.
+        self._window: list[tuple[int, int, Waiting]] = []
         # the step's longest so far, a min-heap by duration; None: a request kept anyway
         self._slowest: list[tuple[int, int, Waiting | None]] = []
         self._seq = itertools.count()
@@ -207,7 +210,7 @@ class StepSampling:
                 lost = self._place(record, None)
                 return [this] if lost is None else [this, _dropped(lost)]
             _WAITING.add(self)
-            self._window.append(this)
+            heapq.heappush(self._window, (record.finish_ns, next(self._seq), this))
             # A step of at most min_step keeps every span: until it has more, every finisher waits.
             room = (
                 policy.min_step
@@ -216,7 +219,7 @@ class StepSampling:
             )
             decided: list[Waiting] = []
             while len(self._window) > room:
-                out = self._window.popleft()  # later finishers pushed it out of the tail
+                out = heapq.heappop(self._window)[2]  # later finishers pushed it out of the tail
                 self._rest += 1
                 if rate_pick(self._rest - 1, policy.rate):
                     out.record.kept = "rate"
@@ -249,8 +252,8 @@ class StepSampling:
         places too), the requests still placed are the slowest (kept), the rest lost their
         place (dropped). Returns how many were handed on."""
         with self._lock:
-            window = list(self._window)
-            self._window.clear()
+            window = [entry[2] for entry in self._window]
+            self._window = []
             lost = []
             for waiting in window:
                 waiting.record.kept = "all" if self._small else "tail"

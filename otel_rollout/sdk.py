@@ -150,7 +150,10 @@ def _drain_first(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dic
         left = max(0.0, float(timeout_ms) - (time.monotonic() - started) * 1000)
         kwargs = {**kwargs, "timeout_millis": int(left)}
         args = ()
-    return wrapped(*args, **kwargs)
+    result = wrapped(*args, **kwargs)
+    if result is True and isinstance(instance, TracerProvider):
+        emitter.exporter_answered()  # the span exporter answers, however slowly
+    return result
 
 
 def sdk_configured() -> bool:

@@ -222,7 +222,8 @@ class Telemetry:
         return list(self._engines.items())
 
     def _stamp_weight_versions(self, records: Sequence[RequestRecord]) -> None:
-        """Each request's weight version: the one its engine ran when the request arrived.
+        """Each request's weight version: the one its engine ran when the request arrived,
+        unless the engine said itself which versions generated it (source ``engine``).
 
         Only engines of this process that saw a version change stamp their requests; a record of
         a client call to a remote server (no engine here) stays without one.
@@ -233,8 +234,10 @@ class Telemetry:
         if not versioned:
             return  # no engine here changed weights: nothing per record (10,000 after a generate)
         for record in records:
-            if record.model in versioned:
-                record.weight_version = self._engines[record.model].weights.at(record.arrival_ns)
+            if record.model in versioned and record.weight_version_source is None:
+                found = self._engines[record.model].weights.lookup(record.arrival_ns)
+                if found is not None:
+                    record.weight_version, record.weight_version_source = found
 
     def _base_attributes(self, model: str, operation: str) -> dict[str, str]:
         return base_attributes(self.provider, model, operation)

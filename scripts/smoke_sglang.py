@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from testkit.engines import SGLANG_KWARGS, sglang_environment  # noqa: E402
+from testkit.engines import sglang_environment, sglang_kwargs  # noqa: E402
 
 sglang_environment()
 
@@ -51,7 +51,7 @@ def main() -> int:
     say(f"sglang {sglang.__version__} model={args.model} enable_metrics={args.metrics}")
 
     t0 = time.perf_counter()
-    engine = sglang.Engine(model_path=args.model, enable_metrics=args.metrics, **SGLANG_KWARGS)
+    engine = sglang.Engine(model_path=args.model, **sglang_kwargs(enable_metrics=args.metrics))
     say(f"Engine up in {time.perf_counter() - t0:.2f}s")
     try:
         # single

@@ -26,7 +26,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 LLM_KWARGS = dict(
     distributed_executor_backend="uni",
     enforce_eager=True,
-    dtype="bfloat16",
+    dtype="float32",  # bfloat16 takes vLLM's AMX attention, which dies of SIGILL on some VMs
     max_model_len=2048,
 )
 

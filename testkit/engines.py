@@ -17,8 +17,13 @@ VLLM_ENV = {
     "OMP_NUM_THREADS": "1",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
+VLLM_DTYPE = "float32"
+"""Not bfloat16: with bfloat16 on a CPU that reports AMX, vLLM 0.32 picks its AMX attention
+kernel, which on some of these machines' VMs dies of SIGILL at random (the engine core, offline
+or in AsyncLLM's child; seen 2026-12-07, ../shared/FACTS.md). float32 takes its AVX-512 kernel;
+the tiny model is as fast either way. A test-environment choice: nothing asserts the dtype."""
 VLLM_KWARGS: dict[str, Any] = dict(
-    distributed_executor_backend="uni", enforce_eager=True, dtype="bfloat16", max_model_len=2048
+    distributed_executor_backend="uni", enforce_eager=True, dtype=VLLM_DTYPE, max_model_len=2048
 )
 
 
@@ -31,15 +36,45 @@ SGLANG_STANDIN = Path(__file__).resolve().parent / "sgl_kernel_standin"
 """The test-environment stand-in for ``sgl_kernel``, which has no CPU build on PyPI: it
 provides the one op a plain generate reaches (FACTS.md)."""
 SGLANG_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
+SGLANG_MAX_TOTAL_TOKENS = 4096
+"""The KV pool, bounded by tokens: the same engine whatever else holds memory."""
+SGLANG_LOAD_ALLOWANCE = 2 << 30
+"""What loading the tiny model may take out of free host memory (torch, the weights, SGLang's
+own buffers; measured ~0.7 GB) with room to spare: :func:`sglang_mem_fraction` leaves it."""
+
+
+def sglang_mem_fraction(available: int | None = None) -> float:
+    """``mem_fraction_static`` for an engine that starts whatever else uses memory.
+
+    On CPU SGLang 0.5.23 measures free host memory before and after loading the model and
+    refuses to start unless after ≥ (1 − fraction) × before ("Loaded weights leave no GPU memory
+    for the KV cache … Raise --mem-fraction-static above 0.060"): a fixed 0.05 failed once other
+    jobs held 6–10 of the 24 GB. So the fraction is derived from what is free now, leaving
+    :data:`SGLANG_LOAD_ALLOWANCE`; the pool itself stays bounded by
+    :data:`SGLANG_MAX_TOTAL_TOKENS`, so a larger fraction allocates nothing more."""
+    if available is None:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    return round(min(0.9, max(0.05, SGLANG_LOAD_ALLOWANCE / max(available, 1))), 3)
+
+
 SGLANG_KWARGS: dict[str, Any] = dict(
     device="cpu",
     attention_backend="torch_native",
     dtype="bfloat16",
-    mem_fraction_static=0.05,
-    max_total_tokens=4096,
+    max_total_tokens=SGLANG_MAX_TOTAL_TOKENS,
     disable_cuda_graph=True,
     skip_server_warmup=True,
 )
+"""SGLang's CPU engine settings for tests, benchmarks and the smoke script; with
+``mem_fraction_static=sglang_mem_fraction()`` added where the engine starts
+(:func:`sglang_kwargs`)."""
+
+
+def sglang_kwargs(**overrides: Any) -> dict[str, Any]:
+    """:data:`SGLANG_KWARGS` with the memory fraction for what is free now."""
+    return {**SGLANG_KWARGS, "mem_fraction_static": sglang_mem_fraction(), **overrides}
 
 
 def sglang_environment() -> None:

@@ -61,13 +61,24 @@ class SGLangInstrumentor(EngineInstrumentor):
             ("update_weights_from_ipc", weights, True),  # checkpoint-engine, newer only
         ]
         return [
+            *(
+                Target(
+                    manager,
+                    f"TokenizerManager.{method}",
+                    ops.operation_wrapper(
+                        telemetry, op, f"TokenizerManager.{method}", adapter.model_name
+                    ),
+                    optional=optional,
+                )
+                for method, op, optional in plan
+            ),
+            # Names the weights' version without loading any (``/update_weight_version``).
             Target(
                 manager,
-                f"TokenizerManager.{method}",
-                ops.operation_wrapper(
-                    telemetry, op, f"TokenizerManager.{method}", adapter.model_name
+                "TokenizerManager.update_weight_version",
+                ops.version_name_wrapper(
+                    telemetry, ops.version_field(0, "new_version"), adapter.model_name
                 ),
-                optional=optional,
-            )
-            for method, op, optional in plan
+                optional=True,
+            ),
         ]

@@ -81,12 +81,32 @@ class VLLMInstrumentor(EngineInstrumentor):
                 True,
             ),
         ]
+        # Calls that only name the weights' version (0.32 and newer).
+        names = [
+            (online, "AsyncLLM.update_weight_version", ops.version_argument(0, "new_version")),
+            (
+                "vllm.v1.engine.llm_engine",
+                "LLMEngine.set_weight_version",
+                ops.version_argument(0, "weight_version"),
+            ),
+        ]
         return [
-            Target(
-                module,
-                name,
-                ops.operation_wrapper(telemetry, op, name, adapter.model_name),
-                optional=optional,
-            )
-            for module, name, op, optional in plan
+            *(
+                Target(
+                    module,
+                    name,
+                    ops.operation_wrapper(telemetry, op, name, adapter.model_name),
+                    optional=optional,
+                )
+                for module, name, op, optional in plan
+            ),
+            *(
+                Target(
+                    module,
+                    name,
+                    ops.version_name_wrapper(telemetry, version_of, adapter.model_name),
+                    optional=True,
+                )
+                for module, name, version_of in names
+            ),
         ]

@@ -19,6 +19,7 @@ import pytest
 
 from otel_rollout.record import Clock
 from otel_rollout.sglang.adapter import timeline
+from otel_rollout.sglang.adapter import weight_versions as sglang_weight_versions
 from otel_rollout.telemetry import Telemetry
 from otel_rollout.vllm.adapter import (
     ASYNC_TIMES,
@@ -352,3 +353,59 @@ def test_sglang_without_any_first_token_source_leaves_it_unset() -> None:
 
 def test_without_engine_stats_preemptions_are_not_reported() -> None:
     assert translate(output(stats=None)).preemptions is None
+
+
+# --- the engine's own weight versions (#40 item 1) ---------------------------------------------
+
+
+def _span(version: str, start: int, end: int) -> Any:
+    """vLLM 0.32's ``WeightVersionSpan`` (stand-in)."""
+    return SimpleNamespace(version=version, start=start, end=end)
+
+
+def test_vllm_weight_versions_are_the_engines_own_over_every_sample() -> None:
+    first = choice(8)
+    first.weight_versions = [_span("v1", 0, 5), _span("v2", 5, 8)]
+    second = choice(6)
+    second.weight_versions = [_span("v1", 0, 2), _span("v2", 2, 6)]
+    record = translate(output(choices=[first, second], stats=engine_stats()))
+    assert record.weight_versions == (("v1", 7), ("v2", 7))  # summed over the samples
+    assert (record.weight_version, record.weight_version_source) == ("v1", "engine")
+
+
+@pytest.mark.parametrize(
+    "spans",
+    [None, [], [_span("default", 0, 8)]],
+    ids=["older-release", "nothing-generated", "never-named"],
+)
+def test_vllm_without_a_named_engine_version_leaves_it_to_the_count(spans: Any) -> None:
+    c = choice(8)
+    c.weight_versions = spans
+    record = translate(output(choices=[c], stats=engine_stats()))
+    assert record.weight_versions == () and record.weight_version_source is None
+    assert record.weight_version is None  # stamped at hand-over, from our own record
+
+
+def test_a_numeric_engine_label_is_a_number_like_a_named_one() -> None:
+    c = choice(4)
+    c.weight_versions = [_span("default", 0, 1), _span("12", 1, 4)]
+    record = translate(output(choices=[c], stats=engine_stats()))
+    assert record.weight_versions == (("default", 1), ("12", 3))
+    assert record.weight_version == "default"  # its first token: the initial weights
+    c.weight_versions = [_span("12", 0, 4)]
+    assert translate(output(choices=[c], stats=engine_stats())).weight_version == 12
+
+
+def test_sglang_weight_versions_from_meta_info() -> None:
+    meta = {
+        "weight_versions": [
+            {"version": "a", "start": 0, "end": 3},
+            {"version": "b", "start": 3, "end": 10},
+        ],
+        "weight_version": "b",
+    }
+    assert sglang_weight_versions(meta) == (("a", 3), ("b", 7))
+    assert sglang_weight_versions({"weight_version": "default"}) == ()  # 0.5.8: no spans
+    default_only = {"weight_versions": [{"version": "default", "start": 0, "end": 4}]}
+    assert sglang_weight_versions(default_only) == ()
+    assert sglang_weight_versions({"weight_versions": [{"version": "x"}]}) == ()  # malformed

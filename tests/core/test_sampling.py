@@ -289,7 +289,7 @@ def test_an_agentic_steps_longest_are_kept_at_its_end(
 
 
 @pytest.mark.parametrize("quantile", ["0.9", "0.8", "0.97"])
-@pytest.mark.parametrize("shape", ["batch", "agentic"])
+@pytest.mark.parametrize("shape", ["batch", "batch-out-of-order", "agentic"])
 def test_every_request_of_the_tail_the_step_names_has_its_span(
     otel: OTelHarness,
     make_telemetry: Callable[..., Telemetry],
@@ -303,11 +303,17 @@ def test_every_request_of_the_tail_the_step_names_has_its_span(
     analytics' 90 % tail without spans)."""
     config = load_config({"OTEL_ROLLOUT_TAIL_QUANTILE": quantile}, warn=False)
     telemetry = make_telemetry(config)
-    if shape == "batch":
+    if shape.startswith("batch"):
         records = _step(model, n=200)
+        handed = list(records)
+        if shape == "batch-out-of-order":
+            # a stream's caller sees requests of one engine iteration in either order (seen on
+            # real vLLM): every pair swapped
+            for i in range(1, len(handed) - 1, 2):
+                handed[i], handed[i + 1] = handed[i + 1], handed[i]
         with StepScope(3, telemetry=telemetry, config=config) as step:
             telemetry.requests_started(model, "text_completion", len(records))
-            for r in records:
+            for r in handed:
                 r.span_id = 0
                 telemetry.emit(r)
     else:

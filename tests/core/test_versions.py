@@ -148,3 +148,21 @@ def test_a_sync_at_the_end_of_the_step_leaves_its_samples_on_policy(
         unregister(telemetry)
     assert step.stats is not None and step.stats.staleness is not None
     assert (step.stats.staleness.current, step.stats.staleness.max) == (3, 0)
+
+
+def test_each_version_says_whether_it_was_named_or_counted() -> None:
+    versions = WeightVersions()
+    assert versions.lookup(5) is None
+    versions.updated(100)
+    versions.generation_started()
+    versions.name(200, "v2")
+    versions.name(210, "v2")  # named again (finish_weight_update names through another call)
+    versions.updated(300, version="v3")
+    assert [versions.lookup(t) for t in (50, 150, 205, 250, 300)] == [
+        (0, "counted"),
+        (1, "counted"),
+        ("v2", "named"),
+        ("v2", "named"),
+        ("v3", "named"),
+    ]
+    assert versions.at(250) == "v2"

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from testkit.engines import SGLANG_MAX_TOTAL_TOKENS, VLLM_DTYPE, sglang_mem_fraction
 from testkit.otlp_receiver import OTLPReceiver
 
 REPO = Path(__file__).resolve().parents[2]
@@ -185,7 +186,7 @@ def vllm_server(
         "127.0.0.1",
         "--enforce-eager",
         "--dtype",
-        "bfloat16",
+        VLLM_DTYPE,  # not bfloat16: see testkit/engines.py
         "--max-model-len",
         "2048",
         "--distributed-executor-backend",
@@ -231,9 +232,9 @@ def sglang_server(
         "--dtype",
         "bfloat16",
         "--mem-fraction-static",
-        "0.05",
+        str(sglang_mem_fraction()),  # derived from free memory: see testkit/engines.py
         "--max-total-tokens",
-        "4096",
+        str(SGLANG_MAX_TOTAL_TOKENS),
         "--disable-cuda-graph",
         "--skip-server-warmup",
     ]

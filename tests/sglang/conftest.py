@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from testkit.engines import SGLANG_KWARGS, sglang_environment
+from testkit.engines import sglang_environment, sglang_kwargs
 from tests.conftest import OTelHarness, require_module
 
 
@@ -39,7 +39,7 @@ def instrumented(otel_session: OTelHarness, sglang_module: Any) -> Iterator[Any]
 
 
 def start_engine(sglang_module: Any, model: str, **kwargs: Any) -> Any:
-    return sglang_module.Engine(model_path=model, **{**SGLANG_KWARGS, **kwargs})
+    return sglang_module.Engine(model_path=model, **sglang_kwargs(**kwargs))
 
 
 @pytest.fixture(autouse=True)

@@ -129,3 +129,59 @@ def test_weight_update_and_pause_are_phases_of_the_step(
     paused = (calls["continue"][1] - calls["pause"][0]) / 1e9
     assert 0.2 <= held <= paused + 0.05, (held, paused)
     assert not activity.states and activity.operations_running == 0
+
+
+def test_the_engines_own_weight_version_names_each_request(
+    otel: OTelHarness, engine: Any, tiny_model: str
+) -> None:
+    """Issue #40 item 1 on SGLang 0.5.23: a weight update naming its version
+    (``UpdateWeightFromDiskReqInput.weight_version``) and a rename without loading
+    (``TokenizerManager.update_weight_version``): each request's span carries the engine's own
+    label from ``meta_info["weight_versions"]`` (source ``engine``), and our record of the
+    engine's versions follows the names."""
+    from sglang.srt.managers.io_struct import (
+        UpdateWeightFromDiskReqInput,
+        UpdateWeightVersionReqInput,
+    )
+
+    manager = engine.tokenizer_manager
+    activity = _telemetry(engine).engine_activity(adapter.model_name(manager))
+
+    def generate(step: int, version: str) -> list[dict[str, Any]]:
+        with rollout_step(step):
+            outs = engine.generate([f"named {version} {i}" for i in range(3)], params(5))
+        assert all(o["meta_info"]["weight_version"] == version for o in outs)  # SGLang's word
+        return outs
+
+    ok, *_ = engine.loop.run_until_complete(
+        manager.update_weights_from_disk(
+            UpdateWeightFromDiskReqInput(model_path=tiny_model, weight_version="w2"), None
+        )
+    )
+    assert ok
+    first = generate(41, "w2")
+    assert activity.weights.current == "w2"
+    engine.loop.run_until_complete(
+        manager.update_weight_version(
+            UpdateWeightVersionReqInput(new_version="w3", abort_all_requests=False)
+        )
+    )
+    assert activity.weights.current == "w3"
+    second = generate(42, "w3")
+
+    spans = {
+        s.attributes["gen_ai.response.id"]: s
+        for s in otel.finished_spans()
+        if s.attributes.get("gen_ai.response.id")
+    }
+    for outs, version in ((first, "w2"), (second, "w3")):
+        for out in outs:
+            meta = out["meta_info"]
+            assert meta["weight_versions"] == [
+                {"version": version, "start": 0, "end": meta["completion_tokens"]}
+            ]
+            a = spans[meta["id"]].attributes
+            assert (a["rollout.weight.version"], a["rollout.weight.version_source"]) == (
+                version,
+                "engine",
+            )
