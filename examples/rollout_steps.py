@@ -131,6 +131,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="requests per step")
     parser.add_argument("--max-tokens", type=int, default=256, help="response length cap")
     parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--dtype", default="auto", help="vLLM's dtype (auto: the checkpoint's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--slowest", type=int, default=5, help="slowest requests to list")
     args = parser.parse_args()
@@ -140,7 +141,9 @@ def main() -> None:
 
     import vllm
 
-    llm = vllm.LLM(model=args.model, max_model_len=args.max_model_len, enforce_eager=True)
+    llm = vllm.LLM(
+        model=args.model, max_model_len=args.max_model_len, enforce_eager=True, dtype=args.dtype
+    )
     vocab = len(llm.get_tokenizer())
     stop_ids = list(range(4, vocab, 2))
     rng = random.Random(args.seed)

@@ -144,7 +144,7 @@ def request_span_attributes(
     content_max_length: int,
     gen_ai_latest: bool = False,
 ) -> dict[str, Any]:
-    """A request span's attributes (README's request-span table); content only on opt-in.
+    """A request span's attributes (docs/EMITS.md's request-span table); content only on opt-in.
     With ``gen_ai_latest`` the cached prompt tokens are ``gen_ai.usage.cache_read.input_tokens``
     (the GenAI name), else ``rollout.usage.cached_tokens`` as before."""
     attrs: dict[str, Any] = {
@@ -212,7 +212,7 @@ def content_attributes(record: RequestRecord, limit: int) -> dict[str, str]:
 
 
 def step_span_attributes(stats: StepStats) -> dict[str, Any]:
-    """The step span's analytics attributes (names in README's step-span table), one per figure
+    """The step span's analytics attributes (names in docs/EMITS.md's step-span table), one per figure
     of :data:`otel_rollout.figures.STEP_FIGURES` that has a span attribute and a value, and the
     span ids of the slowest trajectories when the step had some."""
     attrs: dict[str, Any] = {}
@@ -227,7 +227,7 @@ def step_span_attributes(stats: StepStats) -> dict[str, Any]:
 def trajectory_span_attributes(
     trajectory: TrajectoryRecord, turn_timing: Collection[str] = ()
 ) -> dict[str, Any]:
-    """An ended trajectory's figures on its span (README's trajectory table); ``turn_timing``:
+    """An ended trajectory's figures on its span (docs/EMITS.md's trajectory table); ``turn_timing``:
     whose clocks timed its turns (``rollout.trajectory.turn_timing``, ``mixed`` for several)."""
     attrs: dict[str, Any] = {
         TRAJECTORY_TURNS: len(trajectory.turns),

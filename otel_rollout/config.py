@@ -188,7 +188,7 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class Setting(Generic[T]):
-    """One environment variable: its parser, default and the sentence the README shows."""
+    """One environment variable: its parser, default and the sentence docs/CONFIGURATION.md shows."""
 
     env: str
     attr: str
@@ -596,7 +596,7 @@ def path_problems(config: RolloutConfig) -> list[Problem]:
 
 
 def describe(config: RolloutConfig) -> list[tuple[str, str, str]]:
-    """(variable, effective value, meaning) rows, for ``otel-rollout check`` and the README."""
+    """(variable, effective value, meaning) rows, for ``otel-rollout check`` and docs/CONFIGURATION.md."""
     rows = [(s.env, s.render(getattr(config, s.attr)), s.doc) for s in SETTINGS]
     rows.append(
         (

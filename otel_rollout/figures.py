@@ -363,7 +363,7 @@ STEP_FIGURES: tuple[StepFigure, ...] = (
     StepFigure("engine.spec_acceptance_rate", STEP_ATTR_ENGINE_SPEC_ACCEPTANCE_RATE),
     StepFigure("engine.source", STEP_ATTR_ENGINE_SOURCE),
 )
-"""In the step span's attribute order (README's step-span table)."""
+"""In the step span's attribute order (docs/EMITS.md's step-span table)."""
 
 
 def step_metrics() -> dict[str, StepFigure]:

@@ -38,7 +38,7 @@ ROLLOUT_SAMPLING_REASON = "rollout.sampling.reason"
 """Why a sampled step kept this request span (:mod:`otel_rollout.sampling`): ``error``,
 ``truncated``, ``tail``, ``rate`` or ``slowest``; absent where every span is kept."""
 ROLLOUT_TIMING_SOURCE = "rollout.timing.source"
-"""Where the span's timestamps came from: ``engine``, ``engine_steps``, ``engine_latency``, ``observed`` (README)."""
+"""Where the span's timestamps came from: ``engine``, ``engine_steps``, ``engine_latency``, ``observed`` (docs/ENGINES.md)."""
 ROLLOUT_BATCH_SIZE = "rollout.batch.size"
 ROLLOUT_WEIGHT_VERSION = "rollout.weight.version"
 ROLLOUT_WEIGHT_VERSION_SOURCE = "rollout.weight.version_source"

@@ -20,7 +20,7 @@ VLLM_ENV = {
 VLLM_DTYPE = "float32"
 """Not bfloat16: with bfloat16 on a CPU that reports AMX, vLLM 0.32 picks its AMX attention
 kernel, which on some of these machines' VMs dies of SIGILL at random (the engine core, offline
-or in AsyncLLM's child; seen 2026-12-07, ../shared/FACTS.md). float32 takes its AVX-512 kernel;
+or in AsyncLLM's child; docs/ENGINE_NOTES.md). float32 takes its AVX-512 kernel;
 the tiny model is as fast either way. A test-environment choice: nothing asserts the dtype."""
 VLLM_KWARGS: dict[str, Any] = dict(
     distributed_executor_backend="uni", enforce_eager=True, dtype=VLLM_DTYPE, max_model_len=2048

@@ -132,7 +132,7 @@ def _cell(release: tuple[int, int], config: str) -> str:
 
 
 def markdown_table() -> str:
-    """The README's version × timing table: ``rollout.timing.source`` per configuration and
+    """docs/ENGINES.md's version × timing table: ``rollout.timing.source`` per configuration and
     release, "(±1 ms)" where tests/compat compared each span with vLLM's own stamps."""
     releases = list(RELEASE_LABELS)
     lines = [

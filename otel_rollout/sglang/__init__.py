@@ -22,7 +22,7 @@ class SGLangInstrumentor(EngineInstrumentor):
     provider = adapter.PROVIDER
     # 0.4.9 (verl's oldest image): every wrapped target has the shape the adapter expects
     # (tests/compat/test_sglang_contract.py, against the released wheels); its figures are
-    # fewer, and labelled (README, "What each engine reports").
+    # fewer, and labelled (docs/ENGINES.md).
     min_version = (0, 4, 9)
     max_tested = (0, 5, 23)
 

@@ -3,7 +3,7 @@
 Only translation lives here: which vLLM field holds which time, on which clock, and how many
 tokens. Spans and metrics are made by :class:`otel_rollout.telemetry.Telemetry`.
 
-Timing exactness (see README): with engine stats on (``AsyncLLM`` default, or
+Timing exactness (see docs/ENGINES.md): with engine stats on (``AsyncLLM`` default, or
 ``LLM(disable_log_stats=False)``) every timestamp is vLLM's own ``RequestStateStats``. A plain
 ``LLM()`` keeps stats off; then arrival is the engine's ``arrival_time``, and first token and
 finish are the engine-core timestamps of the step that produced them, read where the output

@@ -1,11 +1,13 @@
 """The docs name what the code reads and emits, and nothing else.
 
-- every ``OTEL_ROLLOUT_*`` variable that appears in ``otel_rollout/`` is a row of the README's
-  settings table, and every one the docs mention is read by the code (or is a development
-  variable of scripts/ and tests/): a removed setting cannot linger in a doc;
-- every metric, span and attribute name in the README's "What it emits" section is one the code
-  emits (a value in ``otel_rollout/semconv.py`` or a GenAI/error semconv constant the emitter
-  uses), and every such name is in that section.
+- every ``OTEL_ROLLOUT_*`` variable that appears in ``otel_rollout/`` is a row of the settings
+  table (docs/CONFIGURATION.md), and every one the docs mention is read by the code (or is a
+  development variable of scripts/ and tests/): a removed setting cannot linger in a doc;
+- every metric, span and attribute name in docs/EMITS.md is one the code emits (a value in
+  ``otel_rollout/semconv.py`` or a GenAI/error semconv constant the emitter uses), and every such
+  name is in it;
+- every relative link of the README and docs/ reaches a file, and a heading where it names one;
+- the README stays a front door: short, the reference in docs/.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from otel_rollout.config import RETIRED
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+CONFIGURATION = REPO / "docs" / "CONFIGURATION.md"
+EMITS = REPO / "docs" / "EMITS.md"
+ENGINES = REPO / "docs" / "ENGINES.md"
 _SETTING = re.compile(r"OTEL_ROLLOUT_[A-Z0-9_]*[A-Z0-9]")
 _DOTTED = re.compile(r"^[a-z][a-z0-9_]*(?:\.(?:[a-z0-9_]+|<key>|<name>))+$")
 _NOT_EMITTED = {semconv.BAGGAGE_STEP_KEY}
@@ -42,7 +47,7 @@ def _names_in(paths: list[Path]) -> set[str]:
 def _settings_rows() -> set[str]:
     return {
         line.split("|")[1].strip().strip("`")
-        for line in README.read_text().splitlines()
+        for line in CONFIGURATION.read_text().splitlines()
         if line.startswith("| `OTEL_")
     }
 
@@ -51,7 +56,7 @@ def test_every_setting_the_code_reads_is_in_the_readme_table() -> None:
     in_code = _names_in(sorted((REPO / "otel_rollout").rglob("*.py")))
     assert in_code, "no OTEL_ROLLOUT_* name found in otel_rollout/"
     missing = in_code - _settings_rows() - set(RETIRED)  # a retired name is reported, not read
-    assert not missing, f"settings the code reads but README's table lacks: {sorted(missing)}"
+    assert not missing, f"settings the code reads but the settings table lacks: {sorted(missing)}"
 
 
 def test_docs_mention_no_setting_the_code_does_not_read() -> None:
@@ -91,10 +96,7 @@ def _emitted() -> set[str]:
 
 
 def _emit_section() -> str:
-    text = README.read_text()
-    start = text.index("## What it emits")
-    end = text.index("\n## ", start + 1)
-    return text[start:end]
+    return EMITS.read_text()
 
 
 def _names_in_tables(section: str) -> set[str]:
@@ -117,7 +119,7 @@ def test_every_name_in_the_emit_tables_is_emitted() -> None:
                 unknown.add(name)
         elif name not in emitted:
             unknown.add(name)
-    assert not unknown, f"README's emit tables name what the code never emits: {sorted(unknown)}"
+    assert not unknown, f"EMITS.md's tables name what the code never emits: {sorted(unknown)}"
 
 
 def test_every_emitted_name_is_in_the_emit_section() -> None:
@@ -125,9 +127,7 @@ def test_every_emitted_name_is_in_the_emit_section() -> None:
     documented = _names_in_tables(section) | {t for t in re.findall(r"`([^`]+)`", section)}
     fragments = {f for t, parts in _TEMPLATES.items() if t in documented for f in parts}
     undocumented = {n for n in _emitted() - _NOT_EMITTED if n not in documented | fragments}
-    assert not undocumented, (
-        f"emitted but missing from README's 'What it emits': {sorted(undocumented)}"
-    )
+    assert not undocumented, f"emitted but missing from docs/EMITS.md: {sorted(undocumented)}"
 
 
 def test_the_check_catches_a_name_the_code_does_not_emit() -> None:
@@ -137,15 +137,81 @@ def test_the_check_catches_a_name_the_code_does_not_emit() -> None:
     assert "rollout.step.tail_seconds" not in _emitted()
 
 
-def test_the_readme_vllm_matrix_is_the_one_the_compat_suites_assert() -> None:
-    """README's version × timing table is generated from testkit/vllm_matrix.py, the table
-    the compat suites hold each release to: a change there must reach the README."""
+def test_the_docs_vllm_matrix_is_the_one_the_compat_suites_assert() -> None:
+    """docs/ENGINES.md's version × timing table is generated from testkit/vllm_matrix.py, the
+    table the compat suites hold each release to: a change there must reach the docs."""
     from testkit.vllm_matrix import markdown_table
 
-    text = README.read_text()
+    text = ENGINES.read_text()
     begin, end = "<!-- vllm-matrix:begin -->\n", "<!-- vllm-matrix:end -->"
     assert begin in text and end in text
     block = text.split(begin, 1)[1].split(end, 1)[0]
     assert block == markdown_table(), (
-        "README's vLLM matrix differs from testkit/vllm_matrix.py: paste markdown_table()"
+        "docs/ENGINES.md's vLLM matrix differs from testkit/vllm_matrix.py: paste markdown_table()"
     )
+
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_HEADING = re.compile(r"^(#+) (.*)")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    found: set[str] = set()
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (m := _HEADING.match(line)):
+            slug = _slug(m.group(2))
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            found.add(slug if n == 0 else f"{slug}-{n}")
+    return found
+
+
+def _broken_links(paths: list[Path], root: Path = REPO) -> list[str]:
+    broken = []
+    for doc in paths:
+        for target in _LINK.findall(doc.read_text()):
+            if re.match(r"^[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (doc.parent / path).resolve() if path else doc
+            where = f"{doc.relative_to(root)}: {target}"
+            if not dest.exists():
+                broken.append(f"{where} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{where} (no such heading)")
+    return broken
+
+
+def test_every_relative_link_of_the_docs_resolves() -> None:
+    docs = [README, *sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks" / "README.md"]
+    assert _broken_links(docs) == []
+
+
+def test_the_link_check_finds_a_moved_heading(tmp_path: Path) -> None:
+    """Control: a link to a heading that moved to another page, and to a missing file."""
+    (tmp_path / "a.md").write_text("# A\n\n## Step-aware sampling: keep `the` stragglers\n")
+    doc = tmp_path / "b.md"
+    doc.write_text("[x](a.md#step-aware-sampling-keep-the-stragglers) [y](#gone) [z](c.md)\n")
+    assert _broken_links([doc], tmp_path) == [
+        "b.md: #gone (no such heading)",
+        "b.md: c.md (no such file)",
+    ]
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """What a new user needs in five minutes; the reference lives in docs/ (#40 item 6)."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    for page in ("docs/EMITS.md", "docs/CONFIGURATION.md", "docs/ENGINES.md", "docs/FRAMEWORKS.md"):
+        assert f"]({page}" in text, page
+    assert "](docs/img/step.png)" in text and (REPO / "docs" / "img" / "step.png").stat().st_size

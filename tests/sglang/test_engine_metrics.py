@@ -142,8 +142,11 @@ def test_step_engine_figures_are_sglangs_own(otel: OTelHarness, engine_metrics: 
     assert e.generation_tokens == sum(lengths) == delta["sglang:generation_tokens_total"]
     prompt = sum(o["meta_info"]["prompt_tokens"] for o in outs)
     assert e.prompt_tokens == prompt == delta["sglang:prompt_tokens_total"]
-    assert e.iterations >= 3, "not read while the step ran"  # opened, each second, ended
-    assert 1 <= e.running_peak <= len(lengths)
+    # read when the step opened, each second, when it ended: how many depends on how fast this
+    # machine ran the step; that some read came while it ran shows in the gauges (0 before and
+    # after: nothing running, nothing in the pool)
+    assert e.iterations >= 2
+    assert 1 <= e.running_peak <= len(lengths), "not read while the step ran"
     assert 0 < e.kv_cache_usage_peak <= 1
     (span,) = [s for s in otel.finished_spans() if s.name == "rollout.step"]
     assert span.attributes["rollout.step.engine.source"] == "sampled"
