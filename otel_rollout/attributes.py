@@ -212,9 +212,9 @@ def content_attributes(record: RequestRecord, limit: int) -> dict[str, str]:
 
 
 def step_span_attributes(stats: StepStats) -> dict[str, Any]:
-    """The step span's analytics attributes (names in docs/EMITS.md's step-span table), one per figure
-    of :data:`otel_rollout.figures.STEP_FIGURES` that has a span attribute and a value, and the
-    span ids of the slowest trajectories when the step had some."""
+    """The step span's analytics attributes (names in docs/EMITS.md's step-span table), one per
+    figure of :data:`otel_rollout.figures.STEP_FIGURES` that has a span attribute and a value, and
+    the span ids of the slowest trajectories when the step had some."""
     attrs: dict[str, Any] = {}
     for figure in STEP_FIGURES:
         if figure.span_attribute is not None and (value := figure.value(stats)) is not None:
@@ -227,8 +227,9 @@ def step_span_attributes(stats: StepStats) -> dict[str, Any]:
 def trajectory_span_attributes(
     trajectory: TrajectoryRecord, turn_timing: Collection[str] = ()
 ) -> dict[str, Any]:
-    """An ended trajectory's figures on its span (docs/EMITS.md's trajectory table); ``turn_timing``:
-    whose clocks timed its turns (``rollout.trajectory.turn_timing``, ``mixed`` for several)."""
+    """An ended trajectory's figures on its span (docs/EMITS.md's trajectory table);
+    ``turn_timing``: whose clocks timed its turns (``rollout.trajectory.turn_timing``, ``mixed``
+    for several)."""
     attrs: dict[str, Any] = {
         TRAJECTORY_TURNS: len(trajectory.turns),
         TRAJECTORY_OUTPUT_TOKENS: trajectory.output_tokens,

@@ -188,7 +188,8 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class Setting(Generic[T]):
-    """One environment variable: its parser, default and the sentence docs/CONFIGURATION.md shows."""
+    """One environment variable: its parser, default and the sentence docs/CONFIGURATION.md
+    shows."""
 
     env: str
     attr: str
@@ -425,8 +426,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "whose spans are kept (every 1/rate-th in finish order). Errors, aborts, truncations and the step's tail "
         "are kept besides; metric points are recorded for every request, exemplars name only "
         "kept spans. The default, 0.02, keeps about 13 % of a long-tailed step's spans (the "
-        "tail's 10 % among them); 1 keeps every "
-        "span.",
+        "tail's 10 % among them); 1 keeps every span.",
     ),
     Setting(
         "OTEL_ROLLOUT_SAMPLE_MIN_STEP",
@@ -596,7 +596,8 @@ def path_problems(config: RolloutConfig) -> list[Problem]:
 
 
 def describe(config: RolloutConfig) -> list[tuple[str, str, str]]:
-    """(variable, effective value, meaning) rows, for ``otel-rollout check`` and docs/CONFIGURATION.md."""
+    """(variable, effective value, meaning) rows, for ``otel-rollout check`` and
+    docs/CONFIGURATION.md."""
     rows = [(s.env, s.render(getattr(config, s.attr)), s.doc) for s in SETTINGS]
     rows.append(
         (

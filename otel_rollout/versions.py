@@ -14,7 +14,7 @@ what off-policy corrections and their users care about. An engine's weight versi
   named, updates without a name no longer count up: the trainer's numbering wins.
 
 Where the engine itself says which version generated a request's tokens (vLLM 0.32's
-``CompletionOutput.weight_versions``), that is the request's version (source ``engine``): exact
+``CompletionOutput.weight_versions``, SGLang 0.5.23's ``meta_info["weight_versions"]``), that is the request's version (source ``engine``): exact
 even when a sync lands mid-request. Otherwise a request's version is the one in effect when it
 arrived at the engine (its span's start), looked up here in a bounded history of changes, with
 the source of that change (``named`` or ``counted``). Pure bookkeeping: no OpenTelemetry here.
@@ -139,15 +139,8 @@ class WeightVersions:
             return self._versions[0], self._sources[0]
 
     def _change(self, at_ns: int, version: Version, source: str) -> None:
-        if (
-            source == NAMED
-            and self._sources
-            and (self._sources[-1], self._versions[-1])
-            == (
-                NAMED,
-                version,
-            )
-        ):
+        last = (self._sources[-1], self._versions[-1]) if self._sources else None
+        if source == NAMED and last == (NAMED, version):
             return  # named again (vLLM's finish_weight_update names through update_weight_version)
         if self._times and at_ns < self._times[-1]:
             at_ns = self._times[-1]  # changes are in call order; a clock step back keeps it
