@@ -73,6 +73,11 @@ _NO_SPEC_COUNTS = (
     "meta_info has no spec_num_proposed_drafts / spec_num_correct_drafts through 0.5.8 (only "
     "spec_verify_ct): their requests carry no speculative-decoding counts"
 )
+_NO_WEIGHT_VERSIONS = (
+    "meta_info has no weight_versions through 0.5.8: those releases' requests carry the "
+    "version we name or count (rollout.weight.version_source named / counted), never the "
+    "engine's own per-token versions"
+)
 KNOWN_GAPS: dict[tuple[str, str], str] = {
     **{(v, "figure:first_token"): _NO_TTFT for v in ("0.4.9.post6", "0.4.10.post2")},
     **{(v, "meta:request_received_ts"): _NO_RECEIVED for v in ("0.4.9.post6", "0.4.10.post2")},
@@ -86,6 +91,7 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {
         for v in ("0.4.9.post6", "0.4.10.post2", "0.5.5", "0.5.6.post2")
     },
     **{(v, "meta:num_retractions"): _NO_RETRACTIONS for v in VERSIONS if v != TESTED},
+    **{(v, "meta:weight_versions"): _NO_WEIGHT_VERSIONS for v in VERSIONS if v != TESTED},
     **{
         (v, f"meta:{key}"): _NO_SPEC_COUNTS
         for v in VERSIONS
@@ -120,6 +126,9 @@ ENGINE_OPERATIONS = {
         "continue_generation",
     )
 }
+# Calls that name the weights' version without loading any (otel_rollout.engine_ops
+# version_name_wrapper): coroutines; read after they return.
+VERSION_NAMES = {"TokenizerManager.update_weight_version"}
 # Attributes of TokenizerManager read for the model label (one of them suffices).
 MODEL_ATTRS = ("served_model_name", "model_path")
 
@@ -304,7 +313,12 @@ def produced_meta_keys(rel: Release) -> dict[str, str]:
             found.setdefault(key, where)
 
     for path, tree in rel.python_files(
-        ("sglang/srt/managers/", "sglang/srt/observability/", "sglang/srt/entrypoints/engine.py")
+        (
+            "sglang/srt/managers/",
+            "sglang/srt/observability/",
+            "sglang/srt/entrypoints/engine.py",
+            "sglang/srt/utils/weight_versions.py",  # 0.5.23: meta_info["weight_versions"]
+        )
     ):
         functions = [
             n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
@@ -412,7 +426,7 @@ def test_sglang_release_contract(version: str, item: str) -> None:
                 continue  # a newer API: where it is absent there is nothing to observe
             assert fn is not None, f"{version}: no {target.module}.{target.name}"
             has_yield = any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in _own_nodes(fn))
-            if target.name in ENGINE_OPERATIONS:
+            if target.name in ENGINE_OPERATIONS or target.name in VERSION_NAMES:
                 # Timed from its first step to its end: a coroutine (its arguments are not
                 # read; 0.4.x-0.5.5 take none for pause/continue).
                 assert isinstance(fn, ast.AsyncFunctionDef) and not has_yield, target.name
