@@ -31,9 +31,10 @@ waiting request's span and metric points wait with it; a flush or the process's 
 at once and keeps what waits (:func:`release_all`), so a provider's ``force_flush`` still
 delivers every record taken.
 
-A step known here only by its number (``rollout.step`` baggage: an engine server, a Ray actor)
-has no end in this process: it decides each request at once, with the tail counted so far
-(:func:`decide`), and keeps no ``slowest``.
+A step open in another process — known here by its number (``rollout.step`` baggage: an engine
+server) or as a Ray actor's stand-in for the driver's step (its step key) — has no end in this
+process: it decides each request at once, with the tail counted so far (:func:`decide`), and
+keeps no ``slowest``.
 
 Metric points are recorded for every request whatever is decided (counts stay exact); only a
 kept span is named by an exemplar. The step span itself is never sampled.
@@ -292,12 +293,13 @@ def release_all() -> int:
     return sum(state.release() for state in list(_WAITING))
 
 
-_REMOTE: OrderedDict[int, StepSampling] = OrderedDict()
+_REMOTE: OrderedDict[int | str, StepSampling] = OrderedDict()
 _LOCK = threading.Lock()
 
 
-def remote_state(step: int) -> StepSampling:
-    """The state of a step known here by its number only (baggage): the newest ones are kept."""
+def remote_state(step: int | str) -> StepSampling:
+    """The state of a step open in another process, by its number (baggage) or its Ray step key:
+    the newest ones are kept."""
     with _LOCK:
         state = _REMOTE.get(step)
         if state is None:

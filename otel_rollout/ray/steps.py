@@ -34,6 +34,7 @@ from otel_rollout.context import current_step, with_step
 from otel_rollout.guard import LogOnce
 from otel_rollout.propagation import extract_context
 from otel_rollout.record import RequestRecord, TrajectoryRecord
+from otel_rollout.sampling import StepSampling, remote_state
 from otel_rollout.semconv import BAGGAGE_STEP_KEY
 
 if TYPE_CHECKING:
@@ -278,13 +279,19 @@ class RayStepChannel:
 
 
 class RemoteStep:
-    """Stands in for the driver's step scope in an actor: collects the step's records here."""
+    """Stands in for the driver's step scope in an actor: collects the step's records here, and
+    samples their spans as a step open in another process does (at once, by its key)."""
 
     __slots__ = ("key", "step")
 
     def __init__(self, key: str, step: int | None) -> None:
         self.key = key
         self.step = step
+
+    @property
+    def sampling(self) -> StepSampling:
+        """The step's sampling state in this process, shared by every call made under it."""
+        return remote_state(self.key)
 
     def observe(self, record: RequestRecord) -> None:
         LOCAL.add(self.key, record)
@@ -293,8 +300,9 @@ class RemoteStep:
         LOCAL.add(self.key, trajectory)
 
     def requests_started(self, count: int) -> None:
-        """Live progress is the driver's view of its own process; an actor's engines report
-        theirs (silence, oldest age) as metrics of the actor."""
+        """Counted for the step's sampling here. Live progress is the driver's view of its own
+        process; an actor's engines report theirs (silence, oldest age) as its metrics."""
+        remote_state(self.key).requests_started(count)
 
 
 def step_key(ctx: Context | None = None) -> str | None:

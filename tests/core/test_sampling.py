@@ -15,6 +15,7 @@ import random
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from otel_rollout.steps import StepScope
 from otel_rollout.telemetry import Telemetry
 from testkit.otlp_receiver import OTLPReceiver, attr
 from testkit.records import make_record
-from tests.conftest import OTelHarness
+from tests.conftest import OTelHarness, flush_emitters
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -433,3 +434,43 @@ def test_exit_inside_an_open_step_delivers_what_waits(otlp_receiver: OTLPReceive
     assert durations and sum(p.count for p in durations[-1].histogram.data_points) == 400
     reasons = [attr(s.attributes, "rollout.sampling.reason") for s in otlp_receiver.spans()]
     assert reasons.count("tail") + reasons.count("slowest") == waiting
+
+
+def test_a_ray_actor_samples_its_share_of_a_drivers_step(
+    otel: OTelHarness, make_telemetry: Callable[..., Telemetry], model: str
+) -> None:
+    """In a Ray actor the driver's step is a stand-in (``RemoteStep``): its requests are
+    sampled there at once, as a step open in another process is, and every record still goes
+    home to the driver's step. (Before, the stand-in hid the step from sampling: every span of
+    verl's server actors was made.)"""
+    from opentelemetry import context as otel_context
+
+    from otel_rollout.context import with_step
+    from otel_rollout.ray.steps import LOCAL, RemoteStep
+
+    telemetry = make_telemetry(load_config({}, warn=False))
+    records = _step(model, n=400)
+    key = "ray-step-key-under-test"
+    token = otel_context.attach(with_step(RemoteStep(key, 12), otel_context.get_current()))
+    try:
+        telemetry.requests_started(model, "text_completion", len(records))
+        for r in records:
+            r.span_id = 0
+            telemetry.emit(r)
+    finally:
+        otel_context.detach(token)
+    flush_emitters()
+    spans = [
+        s
+        for s in otel.finished_spans()
+        if s.attributes.get("gen_ai.request.model") == model and s.name != STEP_SPAN_NAME
+    ]
+    reasons = Counter(s.attributes["rollout.sampling.reason"] for s in spans)
+    assert len(spans) <= 0.16 * len(records), reasons  # the tail, every 50th, truncations
+    truncated = sum(1 for r in records if r.finish_reason == "length")
+    assert reasons["truncated"] == truncated and reasons["tail"] >= 0.09 * len(records)
+    assert all(s.attributes["rollout.step"] == 12 for s in spans)
+    home = LOCAL.take(key).records  # what the actor sends to the driver's step: every request
+    assert len(home) == len(records)
+    points = otel.metric_points("gen_ai.server.request.duration")
+    assert sum(p.count for p in points) == len(records)
