@@ -33,8 +33,9 @@ delivers every record taken.
 
 A step open in another process — known here by its number (``rollout.step`` baggage: an engine
 server) or as a Ray actor's stand-in for the driver's step (its step key) — has no end in this
-process: it decides each request at once, with the tail counted so far (:func:`decide`), and
-keeps no ``slowest``.
+process: it decides each request at once (:func:`decide`), its tail judged by what this process
+has seen so far — finished after ``tail`` of those started here, and among the longest
+``1 - tail`` of those finished (:meth:`StepSampling.decide`) — and keeps no ``slowest``.
 
 Metric points are recorded for every request whatever is decided (counts stay exact); only a
 kept span is named by an exemplar. The step span itself is never sampled.
@@ -112,19 +113,20 @@ def decide(
     record: RequestRecord,
     policy: SamplingPolicy,
     started: int,
-    done_before: int,
+    slow: bool,
     rest_before: int = 0,
 ) -> str | None:
     """Why ``record``'s span is kept, or ``None`` if it is not, decided at once: its step had
-    ``started`` requests, ``done_before`` had finished before it, ``rest_before`` of them were
-    neither kept at once nor the tail. For a step with no end in this process; a step open here
-    waits for its end (:meth:`StepSampling.take`)."""
+    ``started`` requests, ``slow``: it is among the step's slowest so far (its tail, as far as
+    this process can tell), ``rest_before`` of the step's requests were neither kept at once nor
+    the tail. For a step with no end in this process; a step open here waits for its end
+    (:meth:`StepSampling.take`)."""
     if policy.keeps_all or started <= policy.min_step:
         return "all"
     now = _at_once(record)
     if now is not None:
         return now
-    if done_before > tail_start_index(started, policy.tail):
+    if slow:
         return "tail"
     if rate_pick(rest_before, policy.rate):
         return "rate"
@@ -150,6 +152,8 @@ class StepSampling:
         "_seq",
         "_slowest",
         "_small",
+        "_high",
+        "_low",
         "_window",
         "done",
         "holds",
@@ -164,6 +168,9 @@ class StepSampling:
         # By time, not by when each was handed over: a stream's caller may see two requests of
         # one engine iteration in either order, and the tail is the analysis's, by finish time.
         self._window: list[tuple[int, int, Waiting]] = []
+        # a step with no end here: its longest durations so far, and the rest (negated)
+        self._high: list[int] = []
+        self._low: list[int] = []
         # the step's longest so far, a min-heap by duration; None: a request kept anyway
         self._slowest: list[tuple[int, int, Waiting | None]] = []
         self._seq = itertools.count()
@@ -182,15 +189,45 @@ class StepSampling:
         return len(self._window) + sum(e[2] is not None for e in self._slowest)
 
     def decide(self, record: RequestRecord, policy: SamplingPolicy) -> str | None:
-        """At once (a step known by its number only): :func:`decide` with the counts so far."""
+        """At once (a step open in another process): :func:`decide` with the counts so far.
+
+        With no end here a finisher cannot know what finishes after it, so its tail is judged
+        two ways, and must pass both: it finished after ``tail`` of the requests started here
+        so far had, and it is among the longest ``1 - tail`` of those seen finish. Finish order
+        alone fails where requests keep arriving (one Ray call a sample, agentic turns): the few
+        in flight made every finisher look like the tail (measured: every span of a
+        4,096-request step kept). Duration alone fails a batch handed over in finish order:
+        each finisher is the longest so far. In a batch the two agree on its last finishers;
+        where requests keep arriving, duration picks its longest."""
         with self._lock:
             done_before = self.done
             self.done += 1
             started = max(self.started, self.done)
-            reason = decide(record, policy, started, done_before, self._rest)
+            longest = self._among_longest(record.finish_ns - record.arrival_ns, policy)
+            slow = longest and done_before > tail_start_index(started, policy.tail)
+            reason = decide(record, policy, started, slow, self._rest)
             if reason is None or reason == "rate":
                 self._rest += 1
         return reason
+
+    def _among_longest(self, duration: int, policy: SamplingPolicy) -> bool:
+        """Whether ``duration`` is among the longest ``1 - tail`` of those seen so far. Two
+        heaps: the longest (a min-heap, as many as the tail is, at most :data:`TAIL_WINDOW_MAX`)
+        and the rest (a max-heap, of which only the longest can ever move up, so it is cut back
+        to that many when it doubles): bounded, and exact while it holds."""
+        high, low = self._high, self._low
+        if high and duration > high[0]:
+            heapq.heappush(high, duration)
+        else:
+            heapq.heappush(low, -duration)
+        keep = min(tail_size(self.done, policy.tail), TAIL_WINDOW_MAX)
+        while len(high) > keep:
+            heapq.heappush(low, -heapq.heappop(high))
+        while len(high) < keep and low:
+            heapq.heappush(high, -heapq.heappop(low))
+        if len(low) > 2 * TAIL_WINDOW_MAX:
+            self._low = heapq.nsmallest(TAIL_WINDOW_MAX, low)  # sorted: a valid heap
+        return bool(high) and duration >= high[0]
 
     def take(
         self, record: RequestRecord, parent: Context, submit: Submit, policy: SamplingPolicy

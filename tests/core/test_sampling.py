@@ -66,14 +66,14 @@ def _step(model: str, n: int = 2000, seed: int = 7) -> list[RequestRecord]:
 
 def test_the_rule() -> None:
     r = make_record("m", finish_reasons=("stop",))
-    assert decide(r, POLICY, started=64, done_before=0) == "all"
-    assert decide(r, POLICY, 100, 95) == "tail"
-    assert decide(r, POLICY, 100, 94, rest_before=49) == "rate"  # the rest's 50th
-    assert decide(r, POLICY, 100, 94, rest_before=48) is None
-    assert decide(make_record("m", finish_reasons=("length",)), POLICY, 100, 0) == "truncated"
-    assert decide(make_record("m", finish_reasons=("abort",)), POLICY, 100, 0) == "error"
-    assert decide(make_record("m", error=ValueError()), POLICY, 100, 0) == "error"
-    assert decide(r, SamplingPolicy(rate=1.0), 10_000, 0) == "all"
+    assert decide(r, POLICY, started=64, slow=False) == "all"
+    assert decide(r, POLICY, 100, slow=True) == "tail"
+    assert decide(r, POLICY, 100, False, rest_before=49) == "rate"  # the rest's 50th
+    assert decide(r, POLICY, 100, False, rest_before=48) is None
+    assert decide(make_record("m", finish_reasons=("length",)), POLICY, 100, False) == "truncated"
+    assert decide(make_record("m", finish_reasons=("abort",)), POLICY, 100, False) == "error"
+    assert decide(make_record("m", error=ValueError()), POLICY, 100, False) == "error"
+    assert decide(r, SamplingPolicy(rate=1.0), 10_000, False) == "all"
     assert sum(rate_pick(n, 0.02) for n in range(20_000)) == 400  # exactly the share
     assert [n for n in range(200) if rate_pick(n, 0.02)] == [49, 99, 149, 199]  # evenly spread
     assert sum(rate_pick(n, 0.003) for n in range(10_000)) == 30
@@ -434,6 +434,38 @@ def test_exit_inside_an_open_step_delivers_what_waits(otlp_receiver: OTLPReceive
     assert durations and sum(p.count for p in durations[-1].histogram.data_points) == 400
     reasons = [attr(s.attributes, "rollout.sampling.reason") for s in otlp_receiver.spans()]
     assert reasons.count("tail") + reasons.count("slowest") == waiting
+
+
+def test_a_step_open_elsewhere_judges_its_tail_by_duration_where_requests_keep_arriving() -> None:
+    """One Ray call a sample: requests arrive one after another and finish fast, so at each
+    finish the requests started are barely more than those done. Judged by finish order alone
+    every one looked like the tail (all 4,096 spans of a measured step were kept); with the
+    duration too, the tail share is about what the policy says, and the longest are in it."""
+    rng = random.Random(3)
+    state = StepSampling()
+    records = []
+    t = time.time_ns()
+    for i in range(2000):
+        latency = int(rng.paretovariate(2.0) * 1e7)
+        records.append(
+            make_record(
+                "m",
+                request_id=f"a{i}",
+                arrival_ns=t,
+                finish_ns=t + latency,
+                finish_reasons=("stop",),
+            )
+        )
+        t += 10**6
+    kept: dict[str, str | None] = {}
+    for r in records:  # each started, then finished, before the next started
+        state.requests_started(1)
+        kept[r.request_id] = state.decide(r, POLICY)
+    reasons = Counter(kept.values())
+    assert reasons["tail"] <= 0.05 * len(records) + 64, reasons  # ~the policy's 5 %
+    assert sum(v is not None for v in kept.values()) <= 0.10 * len(records), reasons
+    longest = sorted(records, key=lambda r: r.finish_ns - r.arrival_ns)[-20:]
+    assert all(kept[r.request_id] is not None for r in longest)
 
 
 def test_a_ray_actor_samples_its_share_of_a_drivers_step(

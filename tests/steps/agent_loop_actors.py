@@ -21,10 +21,17 @@ class ServerActor:
         args = AsyncEngineArgs(model=model, disable_log_stats=True, **engine_kwargs)
         self.engine = AsyncLLM.from_engine_args(args)
 
-    async def generate(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+    async def generate(self, prompt: str, max_tokens: int, natural: bool = False) -> dict[str, Any]:
+        """Exactly ``max_tokens`` (stopping there: ``length``), or ``natural``: at least that
+        many, then a stop as an EOS would (``stop``: testkit.engines.stop_after)."""
         from vllm import SamplingParams
 
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        from testkit.engines import stop_after
+
+        if natural:
+            params = stop_after(SamplingParams, max_tokens)
+        else:
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         final = None
         async for output in self.engine.generate(prompt, params, request_id=uuid.uuid4().hex):
             final = output
@@ -43,8 +50,13 @@ class WorkerActor:
     def __init__(self, server: Any) -> None:
         self.server = server
 
-    async def run(self, tag: str, lengths: list[int]) -> list[dict[str, Any]]:
-        refs = [self.server.generate.remote(f"{tag} sample {i}", n) for i, n in enumerate(lengths)]
+    async def run(
+        self, tag: str, lengths: list[int], natural: bool = False
+    ) -> list[dict[str, Any]]:
+        refs = [
+            self.server.generate.remote(f"{tag} sample {i}", n, natural)
+            for i, n in enumerate(lengths)
+        ]
         return list(await asyncio.gather(*refs))
 
     def pid(self) -> int:
