@@ -13,6 +13,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from otel_rollout.versions import ENGINE, as_version
+
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 FINISH_ABORT = "abort"
@@ -187,6 +189,15 @@ class RequestRecord:
     step: int | None = None
     """The training step it was handed over in (its context's, looked up once at hand-over:
     the span, made later on the emitter's thread, carries it as ``rollout.step``)."""
+
+    def set_engine_versions(self, versions: tuple[tuple[str, int], ...]) -> None:
+        """The engine's own versions over the request's output tokens
+        (:func:`~otel_rollout.versions.token_versions`): the first is the request's version,
+        source ``engine``. Empty: the engine said nothing, and nothing is set."""
+        if versions:
+            self.weight_versions = versions
+            self.weight_version = as_version(versions[0][0])
+            self.weight_version_source = ENGINE
 
     @property
     def trace_hex(self) -> str | None:

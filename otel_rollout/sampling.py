@@ -20,11 +20,11 @@ The tail and the longest are known only when the step ends, so a step open in th
 decides them then. Each finished request waits in the step's tail window (the latest
 ``1 - tail`` of the requests started so far by finish time, whatever order they were handed
 over in, at most :data:`TAIL_WINDOW_MAX`) until later finishers push it out; then the rate
-decides, and what that leaves out waits for one of the ``slowest`` places. Every request competes for those, kept or not (a longer one pushes the
-shortest out; a waiting one pushed out is dropped), so a place goes only to one of the step's
-longest: in a batch those are its tail, and the places add no span. At the step's end what is
-still in the window is the tail, kept, and what waits in a place is kept. Deciding
-from the count so far instead fails both shapes: in an agentic step the requests in flight are
+decides, and what that leaves out waits for one of the ``slowest`` places. Every request
+competes for those, kept or not (a longer one pushes the shortest out; a waiting one pushed out
+is dropped), so a place goes only to one of the step's longest: in a batch those are its tail,
+and the places add no span. At the step's end what is still in the window is the tail, kept,
+and what waits in a place is kept. Deciding from the count so far instead fails both shapes: in an agentic step the requests in flight are
 always a few per cent of those started, so every finisher looked like the tail (69 % of an
 agentic test step's spans were kept), and in a batch every finisher is the slowest so far. A
 waiting request's span and metric points wait with it; a flush or the process's exit decides

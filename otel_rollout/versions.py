@@ -14,8 +14,8 @@ what off-policy corrections and their users care about. An engine's weight versi
   named, updates without a name no longer count up: the trainer's numbering wins.
 
 Where the engine itself says which version generated a request's tokens (vLLM 0.32's
-``CompletionOutput.weight_versions``, SGLang 0.5.23's ``meta_info["weight_versions"]``), that is the request's version (source ``engine``): exact
-even when a sync lands mid-request. Otherwise a request's version is the one in effect when it
+``CompletionOutput.weight_versions``, SGLang 0.5.23's ``meta_info["weight_versions"]``), that is
+the request's version (source ``engine``): exact even when a sync lands mid-request. Otherwise a request's version is the one in effect when it
 arrived at the engine (its span's start), looked up here in a bounded history of changes, with
 the source of that change (``named`` or ``counted``). Pure bookkeeping: no OpenTelemetry here.
 """
@@ -32,6 +32,7 @@ __all__ = [
     "ENGINE",
     "HISTORY",
     "NAMED",
+    "UNNAMED",
     "WeightVersions",
     "as_int",
     "as_version",
@@ -44,6 +45,9 @@ NAMED = "named"
 """A name an engine call or the trainer gave, in effect when the request arrived."""
 COUNTED = "counted"
 """Our count of the weight updates seen, where nothing named a version."""
+UNNAMED = "default"
+"""vLLM's and SGLang's label for weights nothing has named (vLLM's ``EngineCore``, SGLang's
+``--weight-version`` default): a sync without a name keeps it."""
 
 HISTORY = 1024
 """Version changes remembered per engine; a request older than all of them gets the oldest."""
@@ -152,18 +156,16 @@ class WeightVersions:
             del self._times[0], self._versions[0], self._sources[0]
 
 
-def token_versions(
-    spans: Iterable[tuple[str, int, int]], unnamed: str
-) -> tuple[tuple[str, int], ...]:
+def token_versions(spans: Iterable[tuple[str, int, int]]) -> tuple[tuple[str, int], ...]:
     """An engine's own version spans over a request's output tokens — (version, start, end),
     token indexes, over all its samples — as (version, tokens) in the order first seen.
-    Empty where there are none, or where every span carries the engine's label for weights
-    nothing named (``unnamed``): weights synced without a name keep that label, so only our
-    count of updates can tell them apart."""
+    Empty where there are none, or where every span carries the label of weights nothing named
+    (:data:`UNNAMED`): weights synced without a name keep that label, so only our count of
+    updates can tell them apart."""
     merged: dict[str, int] = {}
     for version, start, end in spans:
         merged[version] = merged.get(version, 0) + max(0, end - start)
-    if not merged or merged.keys() == {unnamed}:
+    if not merged or merged.keys() == {UNNAMED}:
         return ()
     return tuple(merged.items())
 

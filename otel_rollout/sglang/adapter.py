@@ -66,7 +66,7 @@ from otel_rollout.sglang import scheduler_metrics
 from otel_rollout.steps import batch_in_step
 from otel_rollout.streams import StreamObserver, observe
 from otel_rollout.telemetry import Telemetry
-from otel_rollout.versions import ENGINE, as_version, token_versions
+from otel_rollout.versions import token_versions
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -238,10 +238,6 @@ def timeline(
     return call_ns, now_ns, first_seen_ns, None, "observed"
 
 
-UNNAMED_VERSION = "default"
-"""SGLang's ``--weight-version`` default: weights nothing has named."""
-
-
 def weight_versions(meta: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
     """The engine's own weight versions over a finished request's output tokens, (version,
     tokens) in order: ``meta_info["weight_versions"]`` (SGLang 0.5.23: ``{version, start, end}``
@@ -250,12 +246,9 @@ def weight_versions(meta: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
     if not isinstance(spans, list):
         return ()
     return token_versions(
-        (
-            (str(s["version"]), int(s["start"]), int(s["end"]))
-            for s in spans
-            if isinstance(s, Mapping) and {"version", "start", "end"} <= s.keys()
-        ),
-        UNNAMED_VERSION,
+        (str(s["version"]), int(s["start"]), int(s["end"]))
+        for s in spans
+        if isinstance(s, Mapping) and {"version", "start", "end"} <= s.keys()
     )
 
 
@@ -410,11 +403,7 @@ class RequestGroup(StreamObserver):
             error=error,
             timing_source=source,
         )
-        versions = weight_versions(meta)
-        if versions:
-            record.weight_versions = versions
-            record.weight_version = as_version(versions[0][0])
-            record.weight_version_source = ENGINE
+        record.set_engine_versions(weight_versions(meta))
         self._fill_request(record, index, state)
         return record
 

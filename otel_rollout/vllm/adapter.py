@@ -46,7 +46,7 @@ from otel_rollout.record import (
 from otel_rollout.steps import batch_in_step
 from otel_rollout.streams import StreamObserver, observe
 from otel_rollout.telemetry import Telemetry
-from otel_rollout.versions import ENGINE, as_version, token_versions
+from otel_rollout.versions import token_versions
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -162,10 +162,6 @@ def choices_summary(
     return tokens, tuple(reasons), drafted, accepted
 
 
-UNNAMED_VERSION = "default"
-"""vLLM's label for weights nothing has named yet (``EngineCore._weight_version``)."""
-
-
 def engine_weight_versions(choices: Sequence[Any]) -> tuple[tuple[str, int], ...]:
     """The engine's own weight versions over a finished request's output tokens: (version,
     tokens), in the order the engine generated them, summed over the request's samples.
@@ -175,12 +171,9 @@ def engine_weight_versions(choices: Sequence[Any]) -> tuple[tuple[str, int], ...
     end)`` over output-token indexes. Empty on older releases and where nothing named the
     weights (:func:`~otel_rollout.versions.token_versions`)."""
     return token_versions(
-        (
-            (span.version, span.start, span.end)
-            for choice in choices
-            for span in getattr(choice, "weight_versions", None) or ()
-        ),
-        UNNAMED_VERSION,
+        (span.version, span.start, span.end)
+        for choice in choices
+        for span in getattr(choice, "weight_versions", None) or ()
     )
 
 
@@ -256,11 +249,7 @@ def record_from_output(
         spec_draft_tokens=drafted,
         spec_accepted_tokens=accepted,
     )
-    versions = engine_weight_versions(choices)
-    if versions:
-        record.weight_versions = versions
-        record.weight_version = as_version(versions[0][0])
-        record.weight_version_source = ENGINE
+    record.set_engine_versions(engine_weight_versions(choices))
     if capture:
         record.prompt_text = output.prompt
         record.completion_texts = tuple(c.text for c in choices)
