@@ -24,10 +24,10 @@ decides, and what that leaves out waits for one of the ``slowest`` places. Every
 competes for those, kept or not (a longer one pushes the shortest out; a waiting one pushed out
 is dropped), so a place goes only to one of the step's longest: in a batch those are its tail,
 and the places add no span. At the step's end what is still in the window is the tail, kept,
-and what waits in a place is kept. Deciding from the count so far instead fails both shapes: in an agentic step the requests in flight are
-always a few per cent of those started, so every finisher looked like the tail (69 % of an
-agentic test step's spans were kept), and in a batch every finisher is the slowest so far. A
-waiting request's span and metric points wait with it; a flush or the process's exit decides
+and what waits in a place is kept. Deciding from the count so far instead fails both shapes:
+in an agentic step the requests in flight are always a few per cent of those started, so every
+finisher looked like the tail (69 % of an agentic test step's spans were kept), and in a batch
+every finisher is the slowest so far. A waiting request's span and metric points wait with it; a flush or the process's exit decides
 at once and keeps what waits (:func:`release_all`), so a provider's ``force_flush`` still
 delivers every record taken.
 
