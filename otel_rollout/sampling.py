@@ -27,9 +27,9 @@ and the places add no span. At the step's end what is still in the window is the
 and what waits in a place is kept. Deciding from the count so far instead fails both shapes:
 in an agentic step the requests in flight are always a few per cent of those started, so every
 finisher looked like the tail (69 % of an agentic test step's spans were kept), and in a batch
-every finisher is the slowest so far. A waiting request's span and metric points wait with it; a flush or the process's exit decides
-at once and keeps what waits (:func:`release_all`), so a provider's ``force_flush`` still
-delivers every record taken.
+every finisher is the slowest so far. A waiting request's span and metric points wait with it;
+a flush or the process's exit decides at once and keeps what waits (:func:`release_all`), so a
+provider's ``force_flush`` still delivers every record taken.
 
 A step open in another process — known here by its number (``rollout.step`` baggage: an engine
 server) or as a Ray actor's stand-in for the driver's step (its step key) — has no end in this

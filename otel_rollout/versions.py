@@ -15,9 +15,10 @@ what off-policy corrections and their users care about. An engine's weight versi
 
 Where the engine itself says which version generated a request's tokens (vLLM 0.32's
 ``CompletionOutput.weight_versions``, SGLang 0.5.23's ``meta_info["weight_versions"]``), that is
-the request's version (source ``engine``): exact even when a sync lands mid-request. Otherwise a request's version is the one in effect when it
-arrived at the engine (its span's start), looked up here in a bounded history of changes, with
-the source of that change (``named`` or ``counted``). Pure bookkeeping: no OpenTelemetry here.
+the request's version (source ``engine``): exact even when a sync lands mid-request. Otherwise a
+request's version is the one in effect when it arrived at the engine (its span's start), looked
+up here in a bounded history of changes, with the source of that change (``named`` or
+``counted``). Pure bookkeeping: no OpenTelemetry here.
 """
 
 from __future__ import annotations
