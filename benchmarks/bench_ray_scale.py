@@ -31,7 +31,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 JOB = """
-import json, sys, time
+import json, os, sys, time
+import psutil
 import ray
 from testkit.engines import VLLM_ENV, VLLM_KWARGS
 from tests.steps.agent_loop_actors import ServerActor, WorkerActor
@@ -41,11 +42,32 @@ natural = sys.argv[5] == "1"
 ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": dict(VLLM_ENV)})
 server = ray.remote(num_cpus=1)(ServerActor).remote(model, VLLM_KWARGS)
 workers = [ray.remote(num_cpus=1)(WorkerActor).remote(server) for _ in range(2)]
-ray.get([server.pid.remote()] + [w.pid.remote() for w in workers], timeout=600)
+pids = ray.get([server.pid.remote()] + [w.pid.remote() for w in workers], timeout=600)
+server_proc = psutil.Process(pids[0])
+roles = {
+    "driver": [psutil.Process()],
+    "server": [server_proc],
+    "engine": server_proc.children(recursive=True),
+    "workers": [psutil.Process(pid) for pid in pids[1:]],
+}
+
+
+def cpu_s():
+    # CPU seconds (user + system) so far of each role's processes (the engine: the server's
+    # children, vLLM's engine core): where a step's time goes with fewer cores than processes
+    out = {role: sum(sum(p.cpu_times()[:2]) for p in group) for role, group in roles.items()}
+    everything = psutil.Process()
+    out["all"] = sum(
+        sum(p.cpu_times()[:2]) for p in [everything] + everything.children(recursive=True)
+    )
+    return out
+
+
 if instrumented:
     from otel_rollout import rollout_step
 for step in range(1, steps + 1):
     half = [1] * (n // 2)
+    cpu_before = cpu_s()
     start = time.perf_counter()
     if instrumented:
         with rollout_step(step) as scope:
@@ -59,8 +81,9 @@ for step in range(1, steps + 1):
         body = time.perf_counter()
         counted = None
     end = time.perf_counter()
+    cpu = {k: round(v - cpu_before[k], 3) for k, v in cpu_s().items()}
     print(json.dumps({"step": step, "s": end - start, "close_s": end - body, "done": done,
-                      "counted": counted}), flush=True)
+                      "counted": counted, "cpu_s": cpu}), flush=True)
 ray.shutdown()
 """
 
@@ -163,6 +186,11 @@ def main() -> None:
             Counter(str(attr(s.attributes, "rollout.sampling.reason")) for s in requests)
         ),
     }
+    for name, job in (("bare", bare), ("instrumented", ours)):
+        result[f"cpu_s_{name}"] = {
+            role: round(statistics.median(x["cpu_s"][role] for x in job[steady]), 2)
+            for role in job[0]["cpu_s"]
+        }
     if before is not None:
         before_s = statistics.median(x["s"] for x in before[steady])
         result["before"] = {

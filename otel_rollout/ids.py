@@ -3,12 +3,20 @@
 vLLM (and most RL frameworks) call ``random.seed(0)`` when an engine starts. The SDK's default
 ``RandomIdGenerator`` draws from that same generator, so every rollout worker — and every run —
 then produces the *same* sequence of trace ids: traces from different workers merge in the
-backend and exemplars point at the wrong request. Ids from ``os.urandom`` are immune.
+backend and exemplars point at the wrong request. Ids here come from a generator of this
+module's own, seeded from ``os.urandom`` when the process starts and again in a forked child:
+nobody else's ``seed()`` reaches it.
+
+Not ``os.urandom`` for each id: it releases the GIL (a ``getrandom`` system call), and on a busy
+event loop — a Ray actor serving thousands of calls with an exporter thread beside it —
+getting the GIL back cost more than the rest of a request's bookkeeping (issue #40 item 7,
+benchmarks/README.md figure 11).
 """
 
 from __future__ import annotations
 
 import os
+import random
 from typing import Any
 
 from opentelemetry.sdk.trace.id_generator import IdGenerator
@@ -16,17 +24,27 @@ from opentelemetry.trace import INVALID_SPAN_ID, INVALID_TRACE_ID
 
 __all__ = ["UrandomIdGenerator"]
 
+_RANDOM = random.Random(os.urandom(32))
+
+
+def _reseed() -> None:
+    """A forked child starts with its parent's state: without this both draw the same ids."""
+    _RANDOM.seed(os.urandom(32))
+
+
+os.register_at_fork(after_in_child=_reseed)
+
 
 class UrandomIdGenerator(IdGenerator):
     """Select with ``OTEL_PYTHON_ID_GENERATOR=rollout_urandom`` or pass to ``TracerProvider``."""
 
     def generate_span_id(self) -> int:
-        while (value := int.from_bytes(os.urandom(8), "big")) == INVALID_SPAN_ID:
+        while (value := _RANDOM.getrandbits(64)) == INVALID_SPAN_ID:
             pass
         return value
 
     def generate_trace_id(self) -> int:
-        while (value := int.from_bytes(os.urandom(16), "big")) == INVALID_TRACE_ID:
+        while (value := _RANDOM.getrandbits(128)) == INVALID_TRACE_ID:
             pass
         return value
 

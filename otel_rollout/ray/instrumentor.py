@@ -32,10 +32,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from collections.abc import Callable
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 
 from otel_rollout.context import current_step
 from otel_rollout.guard import LogOnce
@@ -66,6 +69,21 @@ def _worth_propagating() -> bool:
     )
 
 
+_last_carrier: tuple[weakref.ref[Context], dict[str, str]] | None = None
+
+
+def _carrier() -> dict[str, str]:
+    """:func:`inject_context` of the current context, made once per context: a step's thousands
+    of calls from one worker are made in one context, and the carrier is a function of it. A
+    copy each call: the call's own id is added to it."""
+    global _last_carrier
+    ctx = otel_context.get_current()
+    cached = _last_carrier
+    if cached is None or cached[0]() is not ctx:
+        cached = _last_carrier = (weakref.ref(ctx), inject_context(context=ctx))
+    return dict(cached[1])
+
+
 def actor_call_wrapper(
     wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
@@ -89,7 +107,7 @@ def _with_context(
     call_kwargs = dict((args[2] if positional else kwargs.get("kwargs")) or {})
     carrier = call_kwargs.get(CTX_KWARG)
     if carrier is None:
-        carrier = inject_context()  # Ray's tracing is off; with it on, Ray injected its own
+        carrier = _carrier()  # Ray's tracing is off; with it on, Ray injected its own
     elif call_id is not None:
         carrier = dict(carrier)
     if call_id is not None:
@@ -231,7 +249,7 @@ def _task_with_context(args: tuple[Any, ...]) -> tuple[Any, ...]:
         return args
     call_kwargs = dict(call_kwargs or {})
     carrier = call_kwargs.get(CTX_KWARG)
-    carrier = inject_context() if carrier is None else dict(carrier)
+    carrier = _carrier() if carrier is None else dict(carrier)
     call_id = call_started()
     if call_id is not None:
         carrier[CALL_ID] = call_id

@@ -142,10 +142,13 @@ class _Local:
             # Export the calls' spans before saying they are done: when the step's owner has
             # every report, the step's request spans have left this process (an actor may be
             # killed right after the job's last step). Bounded: a stuck exporter only delays.
-            with _log.guard("span flush before step report"):
-                flush = getattr(trace.get_tracer_provider(), "force_flush", None)
-                if flush is not None:
-                    flush(SPAN_FLUSH_TIMEOUT_MS)
+            # Only where a span was made: at RL scale most reports carry none (sampling kept
+            # 4 % of a step's), and a flush is an export call of its own each time.
+            if any(_has_span(pending.records) for pending in ready.values()):
+                with _log.guard("span flush before step report"):
+                    flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+                    if flush is not None:
+                        flush(SPAN_FLUSH_TIMEOUT_MS)
             for key, pending in ready.items():
                 with _log.guard("step report"):
                     self.handle().report.remote(
@@ -190,6 +193,12 @@ class _Local:
 
 
 LOCAL = _Local()
+
+
+def _has_span(records: list[RequestRecord | TrajectoryRecord]) -> bool:
+    """Whether any of a report's records has a span made in this process (a request that
+    sampling did not drop; a trajectory, whose spans are always made)."""
+    return any(not isinstance(r, RequestRecord) or r.kept is not None for r in records)
 
 
 def _portable(record: RequestRecord) -> RequestRecord:
@@ -320,13 +329,42 @@ def call_started(ctx: Context | None = None) -> str | None:
     return LOCAL.call_started(key) if key is not None else None
 
 
-def _enter(carrier: Mapping[str, str]) -> tuple[object, str | None]:
+ENTERED_MAX = 64
+"""Distinct carriers whose continued context a process keeps (:func:`_continued`)."""
+
+_ENTERED: dict[tuple[tuple[str, str], ...], tuple[Context, str | None]] = {}
+
+
+def _continued(carrier: Mapping[str, str]) -> tuple[Context, str | None]:
+    """The context a call's carrier continues, and its step key: made once per distinct carrier.
+
+    A step's calls from one caller carry the same context (the call's own id aside): thousands
+    of calls a step, each extracting the same ``traceparent`` and ``baggage`` again, cost a
+    server actor's event loop more than the rest of a call's bookkeeping. One context object
+    for them all also lets :func:`~otel_rollout.context.step_view` find its step cached.
+    """
+    try:
+        entry = tuple(item for item in carrier.items() if item[0] != CALL_ID)
+        hit = _ENTERED.get(entry)
+    except TypeError:  # a value that cannot be a key: made for this call alone
+        entry, hit = None, None
+    if hit is not None:
+        return hit
     ctx = extract_context(carrier)
     key = step_key(ctx)
     if key is not None and current_step(ctx) is None:
         from otel_rollout.context import step_number
 
         ctx = with_step(RemoteStep(key, step_number(ctx)), ctx)
+    if entry is not None:
+        if len(_ENTERED) >= ENTERED_MAX:
+            _ENTERED.clear()  # old steps' contexts: the next calls make theirs again
+        _ENTERED[entry] = (ctx, key)
+    return ctx, key
+
+
+def _enter(carrier: Mapping[str, str]) -> tuple[object, str | None]:
+    ctx, key = _continued(carrier)
     return otel_context.attach(ctx), key
 
 
