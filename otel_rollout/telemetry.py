@@ -754,6 +754,15 @@ def engine_activities() -> list[tuple[str, str, EngineActivity]]:
     return [(t.provider, model, activity) for t in members for model, activity in t.activities()]
 
 
+def engine_activity_of(provider: str, model: str) -> EngineActivity | None:
+    """The activity of engine ``model`` under the newest instrumentation of ``provider``, made if
+    it has served nothing yet (a framework that loads weights into an engine before its first
+    request names them here); ``None`` where ``provider`` is not instrumented."""
+    with _ENGINES_LOCK:
+        members = [t for t in _ENGINES if t.provider == provider]
+    return members[-1].engine_activity(model) if members else None
+
+
 def step_telemetry(tracer_provider: Any = None, meter_provider: Any = None) -> StepTelemetry:
     """The job's step telemetry on these providers (the global ones when ``None``)."""
     with _ENGINES_LOCK:

@@ -49,11 +49,11 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
+from otel_rollout.frameworks.guarded import GuardedStep, warn_once
 from otel_rollout.frameworks.verl_agent_loop import agent_loop_targets
-from otel_rollout.guard import LogOnce
 from otel_rollout.instrumentation import LibraryInstrumentor, Target, argument, should_observe
 from otel_rollout.phases import PhaseScope
-from otel_rollout.steps import StepScope, current_step, rollout_step
+from otel_rollout.steps import current_step
 
 __all__ = ["VERL_PHASES", "VerlInstrumentor"]
 
@@ -78,12 +78,11 @@ VERL_PHASES = {
 }
 """verl's timer names → the phase vocabulary shared with ``rollout_phase`` users; a timer not
 listed keeps verl's name (verl's names are literals in its code: the set stays bounded)."""
-_log = LogOnce()
 
 
 def _warn_once(what: str, exc: BaseException) -> None:
     """Our failure around verl's call: said once per site, and verl runs on without a step."""
-    _log.failed(f"verl ({what}; verl runs on without a rollout step)", exc)
+    warn_once("verl", what, exc)
 
 
 def step_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
@@ -108,57 +107,6 @@ def step_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | None, 
         return None, {}
     attributes = {"validate": True} if meta.get("validate") is True else {}
     return step, attributes
-
-
-class GuardedStep:
-    """``rollout_step`` (or a phase) that can fail without failing verl: our errors are logged
-    once and the call goes on unobserved; verl's exception passes through untouched."""
-
-    def __init__(
-        self, step: int, attributes: dict[str, Any], phase: Callable[[], PhaseScope] | None = None
-    ) -> None:
-        self.step = step
-        self.attributes = attributes
-        self.phase = phase
-        self.scope: StepScope | PhaseScope | None = None
-
-    def __enter__(self) -> GuardedStep:
-        try:
-            scope: StepScope | PhaseScope = (
-                self.phase()
-                if self.phase is not None
-                else rollout_step(self.step, **self.attributes)
-            )
-            scope.__enter__()
-        except Exception as exc:
-            _warn_once("opening the rollout step", exc)
-        else:
-            self.scope = scope
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        scope, self.scope = self.scope, None
-        if scope is not None:
-            try:
-                scope.__exit__(exc_type, exc, tb)
-            except Exception as err:
-                _warn_once("closing the rollout step", err)
-
-    async def __aenter__(self) -> GuardedStep:
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
 
 
 def _is_coroutine_frame(frame: FrameType | None) -> bool:

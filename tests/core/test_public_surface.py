@@ -25,6 +25,7 @@ PUBLIC = (
     "otel_rollout.ray.instrumentor",
     "otel_rollout.http",
     "otel_rollout.frameworks.verl",
+    "otel_rollout.frameworks.trl",
     "otel_rollout.steps",
     "otel_rollout.phases",
     "otel_rollout.trajectories",

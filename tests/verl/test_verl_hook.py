@@ -17,6 +17,7 @@ import pytest
 import wrapt
 
 from otel_rollout import current_step, rollout_step
+from otel_rollout.frameworks import guarded
 from otel_rollout.frameworks import verl as hook
 from tests.conftest import OTelHarness
 
@@ -149,7 +150,7 @@ def test_our_failure_leaves_verls_call_alone(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise ZeroDivisionError("ours")
 
-    monkeypatch.setattr(hook, "rollout_step", broken)
+    monkeypatch.setattr(guarded, "rollout_step", broken)
     prompts = batch(global_steps=11)
     assert manager_class().generate_sequences(prompts) is prompts
     assert prompts.meta_info["seen_step"] is None and steps(otel) == []

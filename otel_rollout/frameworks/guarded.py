@@ -1,0 +1,83 @@
+"""A framework's step or phase that can fail without failing the framework.
+
+Shared by the framework hooks (:mod:`otel_rollout.frameworks.verl`, :mod:`~otel_rollout.
+frameworks.trl`): opening or closing our scope may fail (a bad attribute, an SDK error); the
+framework's call must run on all the same, unobserved, and its own exception must pass through
+untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from otel_rollout.guard import LogOnce
+from otel_rollout.phases import PhaseScope
+from otel_rollout.steps import StepScope, rollout_step
+
+__all__ = ["GuardedStep", "warn_once"]
+
+_log = LogOnce()
+
+
+def warn_once(framework: str, what: str, exc: BaseException) -> None:
+    """Our failure around a framework's call: said once per site; the framework runs on."""
+    _log.failed(f"{framework} ({what}; {framework} runs on without a rollout step)", exc)
+
+
+class GuardedStep:
+    """``rollout_step`` (or a phase) that can fail without failing the framework: our errors are
+    logged once and the call goes on unobserved; the framework's exception passes through
+    untouched."""
+
+    def __init__(
+        self,
+        step: int,
+        attributes: dict[str, Any],
+        phase: Callable[[], PhaseScope] | None = None,
+        framework: str = "verl",
+    ) -> None:
+        self.step = step
+        self.framework = framework
+        self.attributes = attributes
+        self.phase = phase
+        self.scope: StepScope | PhaseScope | None = None
+
+    def __enter__(self) -> GuardedStep:
+        try:
+            scope: StepScope | PhaseScope = (
+                self.phase()
+                if self.phase is not None
+                else rollout_step(self.step, **self.attributes)
+            )
+            scope.__enter__()
+        except Exception as exc:
+            warn_once(self.framework, "opening the rollout step", exc)
+        else:
+            self.scope = scope
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        scope, self.scope = self.scope, None
+        if scope is not None:
+            try:
+                scope.__exit__(exc_type, exc, tb)
+            except Exception as err:
+                warn_once(self.framework, "closing the rollout step", err)
+
+    async def __aenter__(self) -> GuardedStep:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
