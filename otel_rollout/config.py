@@ -180,6 +180,7 @@ class RolloutConfig:
     sample_slowest: int = 5
     report_dir: str | None = None
     step_log: str | None = None
+    run_id: str | None = None
     http_paths: tuple[str, ...] = ("/v1/completions", "/v1/chat/completions", "/generate")
     capture_content: bool = False
     gen_ai_latest: bool = False
@@ -295,6 +296,12 @@ def _path(raw: str) -> str:
     if "\x00" in raw:
         raise ConfigError("contains a NUL byte")
     return os.path.expanduser(raw)
+
+
+def _label(raw: str) -> str:
+    if not raw.isprintable():
+        raise ConfigError("contains a character that cannot be printed")
+    return raw
 
 
 def _paths(raw: str) -> tuple[str, ...]:
@@ -458,6 +465,14 @@ SETTINGS: tuple[Setting[Any], ...] = (
         _path,
         "Append one JSON line per finished step (its requests' timelines) to this file; "
         "`otel-rollout report` renders it.",
+        _render_opt,
+    ),
+    Setting(
+        "OTEL_ROLLOUT_RUN_ID",
+        "run_id",
+        _label,
+        "Names this run to every rank of a multi-rank job (default: `TORCHELASTIC_RUN_ID`, "
+        "which `torchrun` sets): the ranks' step spans of one step then share one trace.",
         _render_opt,
     ),
     Setting(

@@ -46,6 +46,10 @@ ROLLOUT_WEIGHT_VERSIONS = "rollout.weight.versions"
 ROLLOUT_WEIGHT_VERSION_TOKENS = "rollout.weight.version_tokens"
 """The engine's policy weight version when the request arrived (:mod:`otel_rollout.versions`)."""
 ROLLOUT_STEP_ATTRIBUTE_PREFIX = "rollout.step."
+ROLLOUT_STEP_RANK = "rollout.step.rank"
+"""The rank whose step span this is, where every rank of a job opens the step (one trace)."""
+ROLLOUT_STEP_RANKS = "rollout.step.ranks"
+"""How many ranks open the step; each step span's figures are its own rank's."""
 """Extra keyword arguments of ``rollout_step(i, key=value)`` become ``rollout.step.key`` on the step span."""
 
 # --- request metrics (besides the GenAI semconv ones) --------------------------------------

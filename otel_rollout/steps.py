@@ -46,6 +46,7 @@ from otel_rollout.telemetry import (
 if TYPE_CHECKING:
     from opentelemetry.context import Context
 
+    from otel_rollout.ranks import SharedStep
     from otel_rollout.record import RequestRecord, TrajectoryRecord
 
 __all__ = [
@@ -115,10 +116,14 @@ class StepScope:
         *,
         config: RolloutConfig | None = None,
         telemetry: Telemetry | StepTelemetry | None = None,
+        shared: SharedStep | None = None,
         **attributes: Any,
     ) -> None:
         self.step = step
         self.attributes = attributes
+        self.shared = shared
+        """Every rank of the job opens this step (:mod:`otel_rollout.ranks`): its span goes into
+        the trace they share, as its root (rank 0) or a child of rank 0's."""
         self._config = config
         self._given = telemetry
         self._telemetry: StepTelemetry | None = (
@@ -197,7 +202,7 @@ class StepScope:
         # is the caller's scope, as long as a framework's own step timer, not our cost.
         self._started, start_ns = time.monotonic(), time.time_ns()
         with telemetry.log.guard("step span"):
-            self._span = telemetry.start_step(self.step, self.attributes, start_ns)
+            self._span = telemetry.start_step(self.step, self.attributes, start_ns, self.shared)
             ctx = trace.set_span_in_context(self._span, ctx)
         self._token = otel_context.attach(ctx)
         _OPEN.add(self)

@@ -28,7 +28,15 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as GenAI
 from opentelemetry.semconv.attributes import error_attributes
-from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    Tracer,
+)
 
 from otel_rollout import sampling
 from otel_rollout.activity import EngineActivity, meter_observers
@@ -63,6 +71,8 @@ from otel_rollout.semconv import (
     ROLLOUT_DROP_REASON,
     ROLLOUT_STEP,
     ROLLOUT_STEP_ATTRIBUTE_PREFIX,
+    ROLLOUT_STEP_RANK,
+    ROLLOUT_STEP_RANKS,
     STEP_MISSING_CALLS,
     STEP_PARTIAL,
     STEP_REQUESTS,
@@ -75,6 +85,7 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
 
     from otel_rollout.analysis import StepStats
+    from otel_rollout.ranks import SharedStep
     from otel_rollout.record import RequestRecord
 
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
@@ -569,6 +580,9 @@ class StepTelemetry:
         self.log = LogOnce()
         self._instruments: StepInstruments | None = None
         self._progress_observed = False
+        self._root_tracer: tuple[Tracer, PresetIds | None] | None = None
+        """The step tracer with presettable ids: a shared step's root (:mod:`otel_rollout.ranks`)."""
+        self._root_lock = threading.Lock()
 
     def observe_progress(self, progress: Callable[[], list[tuple[int | None, int, int]]]) -> None:
         """Once: gauges of the live progress of the steps open in this process (``progress``
@@ -604,19 +618,51 @@ class StepTelemetry:
         return self._instruments
 
     def start_step(
-        self, step: int | None, attributes: Mapping[str, Any], start_ns: int | None = None
+        self,
+        step: int | None,
+        attributes: Mapping[str, Any],
+        start_ns: int | None = None,
+        shared: SharedStep | None = None,
     ) -> trace.Span:
         """The step span in the current context, from ``start_ns`` (now); extra keys get the step
-        prefix."""
+        prefix. ``shared``: every rank opens the step; rank 0's span is the shared trace's root
+        (its ids preset), another rank's its child."""
         attrs = {
             k if k.startswith("rollout.") else ROLLOUT_STEP_ATTRIBUTE_PREFIX + k: v
             for k, v in attributes.items()
         }
         if step is not None:
             attrs[ROLLOUT_STEP] = step
-        return self.tracer.start_span(
-            STEP_SPAN_NAME, kind=SpanKind.INTERNAL, attributes=attrs, start_time=start_ns
+        if shared is None:
+            return self.tracer.start_span(
+                STEP_SPAN_NAME, kind=SpanKind.INTERNAL, attributes=attrs, start_time=start_ns
+            )
+        attrs[ROLLOUT_STEP_RANK], attrs[ROLLOUT_STEP_RANKS] = shared.rank, shared.ranks
+        root = SpanContext(
+            shared.trace_id, shared.root_span_id, is_remote=True, trace_flags=TraceFlags(1)
         )
+        if shared.rank != 0:
+            parent = trace.set_span_in_context(NonRecordingSpan(root))
+            return self.tracer.start_span(
+                STEP_SPAN_NAME, parent, SpanKind.INTERNAL, attrs, start_time=start_ns
+            )
+        with self._root_lock:
+            if self._root_tracer is None:
+                self._root_tracer = preset_tracer(self.tracer)
+            tracer, preset = self._root_tracer
+            if preset is not None:
+                preset.trace_id, preset.span_id = shared.trace_id, shared.root_span_id
+            try:  # a root: no parent, whatever is current
+                return tracer.start_span(
+                    STEP_SPAN_NAME,
+                    otel_context.Context(),
+                    SpanKind.INTERNAL,
+                    attrs,
+                    start_time=start_ns,
+                )
+            finally:
+                if preset is not None:
+                    preset.trace_id = preset.span_id = 0
 
     def finish_step(
         self,

@@ -14,6 +14,7 @@ from typing import Any
 
 from otel_rollout.guard import LogOnce
 from otel_rollout.phases import PhaseScope
+from otel_rollout.ranks import SharedStep
 from otel_rollout.steps import StepScope, rollout_step
 
 __all__ = ["GuardedStep", "warn_once"]
@@ -37,9 +38,11 @@ class GuardedStep:
         attributes: dict[str, Any],
         phase: Callable[[], PhaseScope] | None = None,
         framework: str = "verl",
+        shared: SharedStep | None = None,
     ) -> None:
         self.step = step
         self.framework = framework
+        self.shared = shared
         self.attributes = attributes
         self.phase = phase
         self.scope: StepScope | PhaseScope | None = None
@@ -49,7 +52,7 @@ class GuardedStep:
             scope: StepScope | PhaseScope = (
                 self.phase()
                 if self.phase is not None
-                else rollout_step(self.step, **self.attributes)
+                else rollout_step(self.step, shared=self.shared, **self.attributes)
             )
             scope.__enter__()
         except Exception as exc:

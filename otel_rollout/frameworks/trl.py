@@ -26,9 +26,13 @@ the engine's weights after the step whose policy it loaded: requests of step N c
 Nothing is imported up front: the patches are applied when the process imports TRL's modules
 (post-import hooks), so an engine-core child that never imports TRL pays nothing.
 
-Not covered yet (issue #41): colocate ranks of one step in one trace (each rank's step is a
-trace of its own today), and server mode's requests counted in the step (the HTTP hop carries the
-context when the client is instrumented; the step does not count the server's requests).
+Colocated under ``torchrun`` / ``accelerate launch``, every rank runs the round with an engine of
+its own: the ranks' step spans of one round share one trace (:mod:`otel_rollout.ranks`: ids
+derived from the run id and the round; rank 0's span the root), each with its own rank's
+requests and figures (``rollout.step.rank`` of ``rollout.step.ranks``).
+
+Not covered yet (issue #41): server mode's requests counted in the step (the HTTP hop carries
+the context when the client is instrumented; the step does not count the server's requests).
 """
 
 from __future__ import annotations
@@ -39,10 +43,12 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from otel_rollout.config import load_config
 from otel_rollout.engine_ops import set_weight_version
 from otel_rollout.frameworks.guarded import GuardedStep, warn_once
 from otel_rollout.instrumentation import LibraryInstrumentor, Target, should_observe
 from otel_rollout.phases import PhaseScope
+from otel_rollout.ranks import SharedStep, job_ranks, shared_step
 from otel_rollout.steps import current_step
 from otel_rollout.telemetry import engine_activity_of
 from otel_rollout.vllm.adapter import PROVIDER as VLLM
@@ -102,8 +108,31 @@ def generate_round_wrapper(
         step = None
     if step is None:
         return wrapped(*args, **kwargs)
-    with GuardedStep(step, attributes, framework="TRL"):
+    shared = None
+    try:
+        shared = _shared(step, attributes)
+    except Exception as exc:
+        _warn("deriving the ranks' shared step", exc)
+    with GuardedStep(step, attributes, framework="TRL", shared=shared):
         return wrapped(*args, **kwargs)
+
+
+_rounds: dict[str, int] = {}
+"""Rounds opened so far per step number and mode (eval repeats its step number, once per eval
+batch): the same count in every rank, which run the same schedule."""
+
+
+def _shared(step: int, attributes: dict[str, Any]) -> SharedStep | None:
+    """In a multi-rank job (``torchrun``/``accelerate``: one engine per rank, colocated), the
+    ids every rank derives for this round: the ranks' step spans land in one trace."""
+    ranks = job_ranks(load_config(warn=False).run_id)
+    if ranks is None:
+        return None
+    mode = "eval" if attributes.get("validate") else "train"
+    round_key = f"{step}/{mode}"
+    seen = _rounds.get(round_key, 0)
+    _rounds[round_key] = seen + 1
+    return shared_step(ranks, f"{round_key}/{seen}")
 
 
 def timer_name(name: Any) -> str | None:

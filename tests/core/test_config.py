@@ -40,6 +40,7 @@ MALFORMED = [
     ("OTEL_ROLLOUT_BATCH_AS_STEP", "2"),
     ("OTEL_ROLLOUT_REPORT_DIR", "/tmp/a\x00b"),
     ("OTEL_ROLLOUT_STEP_LOG", "\x00"),
+    ("OTEL_ROLLOUT_RUN_ID", "run\x07"),
     ("OTEL_ROLLOUT_HTTP_PATHS", "v1/completions"),  # not a path
     ("OTEL_ROLLOUT_HTTP_PATHS", "/generate,,/v1/completions"),  # empty entry
     ("OTEL_ROLLOUT_EXIT_TIMEOUT", "soon"),

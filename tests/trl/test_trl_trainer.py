@@ -41,6 +41,28 @@ OUTSIDE_ROUND = {"_prepare_inputs", "compute_loss"}
 the round's output), not inside it: no step is open there."""
 
 
+def launch(job: list[str], endpoint: str, ranks: int = 1) -> None:
+    """The job zero-code: ``opentelemetry-instrument python …``, or with ``ranks`` > 1
+    ``opentelemetry-instrument torchrun --standalone --nproc_per_node RANKS …`` (each rank
+    instrumented: ``opentelemetry-instrument`` reaches the processes it starts)."""
+    bin_dir = Path(sys.executable).parent
+    python = [sys.executable]
+    if ranks > 1:
+        python = [str(bin_dir / "torchrun"), "--standalone", f"--nproc_per_node={ranks}"]
+    env = job_env(endpoint)
+    if ranks > 1:
+        env["ACCELERATE_USE_CPU"] = "true"  # accelerate's CPU backend (gloo) in every rank
+    done = run_reaped(
+        [str(bin_dir / "opentelemetry-instrument"), *python, str(JOB), *job],
+        env=env,
+        cwd=REPO,
+        timeout=TIMEOUT_S,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
 def job_env(endpoint: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update(
@@ -65,24 +87,7 @@ def run(
     out = tmp_path_factory.mktemp(f"trl-{kind}") / "trl.json"
     receiver = OTLPReceiver().start()
     try:
-        command = [
-            str(Path(sys.executable).parent / "opentelemetry-instrument"),
-            sys.executable,
-            str(JOB),
-            tiny_model,
-            str(out),
-            kind,
-            str(STEPS),
-        ]
-        done = run_reaped(
-            command,
-            env=job_env(receiver.grpc_endpoint),
-            cwd=REPO,
-            timeout=TIMEOUT_S,
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, done.stderr[-4000:]
+        launch([tiny_model, str(out), kind, str(STEPS)], receiver.grpc_endpoint)
         time.sleep(0.5)
         spans = receiver.spans()
     finally:
@@ -165,3 +170,48 @@ def test_the_weights_of_each_round_are_named_after_its_step(run: dict[str, Any])
     for request in _requests(run["spans"]):
         assert attr(request.attributes, "rollout.weight.version") == steps[request.trace_id]
         assert attr(request.attributes, "rollout.weight.version_source") == "named"
+
+
+RANKS = 2
+
+
+@pytest.fixture(scope="module")
+def ranks_run(trl_module: Any, tiny_model: str, tmp_path_factory: Any) -> dict[str, Any]:
+    """GRPO on two ranks (``torchrun``), one colocated engine each, two steps and one evaluation."""
+    out = tmp_path_factory.mktemp("trl-ranks") / "trl.json"
+    receiver = OTLPReceiver().start()
+    try:
+        launch([tiny_model, str(out), "grpo", "2"], receiver.grpc_endpoint, ranks=RANKS)
+        time.sleep(0.5)
+        spans = receiver.spans()
+    finally:
+        receiver.stop()
+    ranks = [json.loads(out.with_name(f"trl.rank{r}.json").read_text()) for r in range(RANKS)]
+    return {"ranks": ranks, "spans": spans}
+
+
+def test_the_ranks_of_one_round_are_one_trace(ranks_run: dict[str, Any]) -> None:
+    """Each rank runs the round with an engine of its own; their step spans share one trace:
+    rank 0's the root, the other's its child, and every rank's requests are in it."""
+    rounds = ranks_run["ranks"][0]["rounds"]
+    assert rounds == ranks_run["ranks"][1]["rounds"]  # one schedule
+    steps = _steps(ranks_run["spans"])
+    assert len(steps) == RANKS * len(rounds)
+    traces: dict[bytes, list[Any]] = defaultdict(list)
+    for step in steps:
+        traces[step.trace_id].append(step)
+    assert len(traces) == len(rounds)  # one trace a round, not one a rank
+    requests = Counter(s.trace_id for s in _requests(ranks_run["spans"]))
+    pids = {r["pid"] for r in ranks_run["ranks"]}
+    assert len(pids) == RANKS
+    for members in traces.values():
+        by_rank = {attr(s.attributes, "rollout.step.rank"): s for s in members}
+        assert sorted(by_rank) == list(range(RANKS))
+        assert {attr(s.attributes, "rollout.step.ranks") for s in members} == {RANKS}
+        root = by_rank[0]
+        assert not root.parent_span_id
+        assert all(by_rank[r].parent_span_id == root.span_id for r in range(1, RANKS))
+        assert len({attr(s.attributes, "rollout.step") for s in members}) == 1
+        # each rank's step counts its own requests; the trace holds every rank's
+        assert all(attr(s.attributes, "rollout.step.requests") == PER_ROUND for s in members)
+        assert requests[root.trace_id] == RANKS * PER_ROUND

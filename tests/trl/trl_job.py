@@ -1,6 +1,7 @@
 """TRL's own trainer, a few steps on CPU with real vLLM colocated: the job the TRL tests run.
 
     python tests/trl/trl_job.py MODEL OUT_JSON [grpo|rloo] [STEPS]
+    torchrun --standalone --nproc_per_node 2 tests/trl/trl_job.py …   # OUT.rank<R>.json each
 
 Nothing of OpenTelemetry here: the tests run it bare or under ``opentelemetry-instrument``.
 TRL's code is untouched. What makes it run on this CPU machine (``../shared/FACTS.md``):
@@ -44,6 +45,8 @@ def float32_model(model: str, into: Path) -> str:
 
 def main() -> None:
     model, out = sys.argv[1], Path(sys.argv[2])
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: each rank writes its own
+        out = out.with_name(f"{out.stem}.rank{os.environ['RANK']}{out.suffix}")
     trainer_kind = sys.argv[3] if len(sys.argv) > 3 else "grpo"
     steps = int(sys.argv[4]) if len(sys.argv) > 4 else 3
 
