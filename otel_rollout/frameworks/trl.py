@@ -31,8 +31,9 @@ its own: the ranks' step spans of one round share one trace (:mod:`otel_rollout.
 derived from the run id and the round; rank 0's span the root), each with its own rank's
 requests and figures (``rollout.step.rank`` of ``rollout.step.ranks``).
 
-Not covered yet (issue #41): server mode's requests counted in the step (the HTTP hop carries
-the context when the client is instrumented; the step does not count the server's requests).
+In server mode TRL's ``VLLMClient`` POSTs each round's prompts with ``requests``: the HTTP
+client hook (:mod:`otel_rollout.http`) carries the step to vLLM's server and counts one request
+per prompt in the step.
 """
 
 from __future__ import annotations

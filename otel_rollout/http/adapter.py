@@ -27,18 +27,19 @@ import json
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from otel_rollout.context import RecordCollector, collectors, current_step
 from otel_rollout.guard import LogOnce
+from otel_rollout.http.bodies import batch_shape, native_finished, records_of, request_body
 from otel_rollout.propagation import inject_context
 from otel_rollout.record import (
     RequestRecord,
     StreamClosedEarly,
     model_label,
-    normalize_finish_reason,
 )
 
 TIMING_CLIENT = "client"
@@ -83,6 +84,8 @@ class ClientCall:
         "_last",
         "_head",
         "_done",
+        "prompts",
+        "n",
     )
 
     def __init__(
@@ -104,6 +107,10 @@ class ClientCall:
         self._last: bytes | None = None
         self._head: dict[str, Any] | None = None
         self._done = False
+        self.prompts = 1
+        """Prompts the request sent: a list of them is one engine request each (vLLM's server
+        splits it), and the response's choices are split back by prompt."""
+        self.n = 1
 
     # --- request --------------------------------------------------------------------------
 
@@ -116,7 +123,8 @@ class ClientCall:
         ctx = otel_context.get_current()
         if current_step(ctx) is None:
             return None
-        path = str(request.url.path)
+        url = request.url
+        path = str(url.path) if hasattr(url, "path") else urlsplit(str(url)).path
         operation = operation_of(path, paths)
         if operation is None:
             return None
@@ -128,7 +136,11 @@ class ClientCall:
         span_context = trace.get_current_span(ctx).get_span_context()
         trace_id = span_context.trace_id if span_context.is_valid else 0
         # The OpenAI format for its endpoints (``…completions``), SGLang's native one otherwise.
-        return cls(collectors(ctx), operation, not path.endswith("completions"), trace_id)
+        native = not path.endswith("completions")
+        call = cls(collectors(ctx), operation, native, trace_id)
+        if not native and operation == "text_completion":
+            call.prompts, call.n = batch_shape(request_body(request))
+        return call
 
     # --- response: a whole body -----------------------------------------------------------
 
@@ -138,7 +150,8 @@ class ClientCall:
         if status >= 400:
             self.end(EngineHTTPError(f"HTTP {status}"))
             return
-        self._hand_over(_records_of(json.loads(response.content), self.native), None)
+        body = json.loads(response.content)
+        self._hand_over(records_of(body, self.native, self.prompts, self.n), None)
 
     # --- response: a stream ---------------------------------------------------------------
 
@@ -190,12 +203,12 @@ class ClientCall:
             return
         if self.native:
             body = json.loads(self._last) if self._last else None
-            ended = body is not None and _native_finished(body)
-            records = _records_of(body, True)
+            ended = body is not None and native_finished(body)
+            records = records_of(body, True)
         else:
             ended = bool(self._final) or self._done
             body = {**(self._head or {}), "usage": self._usage, "choices": self._final}
-            records = _records_of(body, False)
+            records = records_of(body, False, self.prompts, self.n)
         if not ended and self.readable:
             error = StreamClosedEarly("the stream was closed before the server ended it")
         self._hand_over(records, error)
@@ -226,61 +239,6 @@ class ClientCall:
             )
             for observer in observers:
                 observer.observe(record)
-
-
-def _native_finished(body: Any) -> bool:
-    items = body if isinstance(body, list) else [body]
-    return all(
-        isinstance(i, dict) and (i.get("meta_info") or {}).get("finish_reason") for i in items
-    )
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _records_of(body: Any, native: bool) -> list[dict[str, Any]]:
-    """The fields of each engine request a response body reports, in the client's terms."""
-    if native:  # SGLang /generate: one dict, or a list of them for a batch
-        items = body if isinstance(body, list) else [body]
-        out = []
-        for item in items:
-            meta = item.get("meta_info") if isinstance(item, dict) else None
-            meta = meta if isinstance(meta, dict) else {}
-            reason = normalize_finish_reason(meta.get("finish_reason"))
-            out.append(
-                {
-                    "id": meta.get("id"),
-                    "prompt_tokens": _int(meta.get("prompt_tokens")),
-                    "output_tokens": _int(meta.get("completion_tokens")),
-                    "cached_tokens": _int(meta.get("cached_tokens")),
-                    "finish_reasons": (reason,) if reason else (),
-                }
-            )
-        return out
-    if not isinstance(body, dict):
-        return [{}]
-    raw_usage = body.get("usage")
-    usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
-    choices = [c for c in body.get("choices") or () if isinstance(c, dict)]
-    choices.sort(key=lambda c: c.get("index", 0) if isinstance(c.get("index"), int) else 0)
-    reasons = tuple(
-        r for c in choices if (r := normalize_finish_reason(c.get("finish_reason"))) is not None
-    )
-    details = usage.get("prompt_tokens_details")
-    return [
-        {
-            "id": body.get("id"),
-            "model": body.get("model"),
-            "prompt_tokens": _int(usage.get("prompt_tokens")),
-            "output_tokens": _int(usage.get("completion_tokens")),
-            "cached_tokens": _int(details.get("cached_tokens"))
-            if isinstance(details, dict)
-            else None,
-            "finish_reasons": reasons,
-            "n": len(choices) if len(choices) > 1 else None,
-        }
-    ]
 
 
 # --- httpx's byte streams, observed ----------------------------------------------------------

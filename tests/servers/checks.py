@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from testkit.engines import long_tail_lengths
 from testkit.otlp_receiver import OTLPReceiver, attr
+from testkit.servers import request_spans
 
 if TYPE_CHECKING:
     import openai
@@ -128,16 +129,6 @@ def check_batch(receiver: OTLPReceiver, provider: str, call: Call, prompts: int 
         == call.output_tokens
         == prompts * call.max_tokens
     )
-
-
-def request_spans(receiver: OTLPReceiver, provider: str) -> list[Any]:
-    """Our request spans: the ones carrying ``gen_ai.provider.name`` = ``provider``."""
-    return [
-        s
-        for s in receiver.spans()
-        if attr(s.attributes, "gen_ai.provider.name") == provider
-        and attr(s.attributes, "gen_ai.operation.name") is not None
-    ]
 
 
 def _of(spans: list[Any], call: Call) -> list[Any]:

@@ -223,3 +223,63 @@ def test_async_client_gathered_requests_and_a_stream_closed_early(
     done, counted = asyncio.run(rollout())
     assert counted == len(done) + 1
     _check_step(_entries(step_log)[3], done, receiver, otel, 3, aborted=1)
+
+
+def test_requests_batch_of_prompts_counts_one_request_per_prompt(
+    server: Server,
+    receiver: OTLPReceiver,
+    otel: OTelHarness,
+    http_client_hook: None,
+    step_log: Path,
+) -> None:
+    """TRL's server mode (``VLLMClient.generate``): the real ``requests`` library, one POST of a
+    batch of prompts with ``n`` samples each and ``return_token_ids``. vLLM's server makes one
+    engine request per prompt; the step counts one record per prompt, with the tokens its
+    choices returned, and the server's spans are in the step's trace."""
+    import requests
+
+    from otel_rollout import rollout_step
+
+    prompts, n, max_tokens = ["Once upon a time", "The sky is", "In a village"], 2, 5
+    session = requests.Session()
+    with rollout_step(31):
+        response = session.post(
+            f"{server.url}/v1/completions",
+            json={
+                "model": server.model,
+                "prompt": prompts,
+                "n": n,
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            },
+            timeout=120,
+        )
+    body = response.json()
+    assert response.status_code == 200 and len(body["choices"]) == len(prompts) * n
+    entry = _entries(step_log)[31]
+    assert entry["stats"]["requests"] == len(prompts)
+    records = entry["requests"]
+    assert [r["output_tokens"] for r in records] == [n * max_tokens] * len(prompts)
+    assert {r["timing_source"] for r in records} == {"client"}
+    assert {r["finish_reason"] for r in records} == {"length"}
+    trace_id = entry["trace_id"]
+
+    def served(r: OTLPReceiver) -> list[Any]:
+        return [s for s in request_spans(r, "vllm") if s.trace_id.hex() == trace_id]
+
+    assert receiver.wait_for(lambda r: len(served(r)) >= len(prompts), timeout=30)
+    time.sleep(1.0)  # > the server's 200 ms batch delay: a span too many would be here by now
+    spans = served(receiver)
+    assert len(spans) == len(prompts)
+    assert {attr(s.attributes, "rollout.step") for s in spans} == {31}
+    assert sum(attr(s.attributes, "gen_ai.usage.output_tokens") for s in spans) == sum(
+        r["output_tokens"] for r in records
+    )
+    # outside a step requests is left alone: no context header added, nothing counted
+    plain = session.post(
+        f"{server.url}/v1/completions",
+        json={"model": server.model, "prompt": "Hello", "max_tokens": 2},
+        timeout=120,
+    )
+    assert plain.status_code == 200 and "traceparent" not in plain.request.headers
