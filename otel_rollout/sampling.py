@@ -7,7 +7,11 @@ request finished, with its step's progress at hand. So the decision is made here
 before the request's span or metric points exist, from what the step has seen in this process:
 
 * a step with at most ``min_step`` requests started keeps every span (small steps are cheap);
-* an error, an abort or a truncation (``length``) is always kept;
+* an error or an abort is always kept, and so is a truncation (``length``) while the step's
+  truncations kept at once are fewer than its tail is (:func:`truncation_budget`): where nearly
+  every request is truncated (an RL step whose ``max_tokens`` is too short), a span for each
+  made sampling nothing — beyond that budget a truncation is sampled as any other request
+  (the tail, the rate, the longest), and still counted;
 * the step's tail is kept: the requests that finished after ``tail`` of the step's requests had,
   the ones the GPUs waited for. When the step's requests are submitted together (an RL batch:
   verl's, NeMo-RL's, slime's) the last to finish are also the slowest;
@@ -97,14 +101,21 @@ def rate_pick(seen: int, rate: float) -> bool:
     return int((seen + 1) * rate) > int(seen * rate)
 
 
-def _at_once(record: RequestRecord) -> str | None:
-    """Kept whatever the step does: errors, aborts, truncations."""
+def truncation_budget(started: int, policy: SamplingPolicy) -> int:
+    """How many truncations a step keeps at once: as many as its tail holds (at least
+    ``min_step``). Truncations beyond it are sampled like any other request."""
+    return max(policy.min_step, tail_size(started, policy.tail))
+
+
+def _at_once(record: RequestRecord, truncations_kept: int = 0, budget: int = 0) -> str | None:
+    """Kept whatever the step does: errors, aborts, and truncations within their ``budget``
+    (``truncations_kept`` of the step's so far)."""
     if record.error is not None:
         return "error"
     reason = record.finish_reason
     if reason == FINISH_ABORT:
         return "error"
-    if reason == FINISH_LENGTH:
+    if reason == FINISH_LENGTH and truncations_kept < budget:
         return "truncated"
     return None
 
@@ -115,15 +126,16 @@ def decide(
     started: int,
     slow: bool,
     rest_before: int = 0,
+    truncations_kept: int = 0,
 ) -> str | None:
     """Why ``record``'s span is kept, or ``None`` if it is not, decided at once: its step had
     ``started`` requests, ``slow``: it is among the step's slowest so far (its tail, as far as
     this process can tell), ``rest_before`` of the step's requests were neither kept at once nor
-    the tail. For a step with no end in this process; a step open here waits for its end
-    (:meth:`StepSampling.take`)."""
+    the tail, ``truncations_kept`` truncations were kept at once. For a step with no end in this
+    process; a step open here waits for its end (:meth:`StepSampling.take`)."""
     if policy.keeps_all or started <= policy.min_step:
         return "all"
-    now = _at_once(record)
+    now = _at_once(record, truncations_kept, truncation_budget(started, policy))
     if now is not None:
         return now
     if slow:
@@ -152,6 +164,7 @@ class StepSampling:
         "_seq",
         "_slowest",
         "_small",
+        "_truncated",
         "_high",
         "_low",
         "_window",
@@ -177,6 +190,7 @@ class StepSampling:
         self._small = True  # at most min_step requests so far: every span is kept
         self._places = 0  # the policy's slowest, as of the last request taken
         self._rest = 0  # requests the rate picked from so far
+        self._truncated = 0  # truncations kept at once so far
         self._lock = threading.Lock()
 
     def requests_started(self, count: int) -> None:
@@ -205,9 +219,11 @@ class StepSampling:
             started = max(self.started, self.done)
             longest = self._among_longest(record.finish_ns - record.arrival_ns, policy)
             slow = longest and done_before > tail_start_index(started, policy.tail)
-            reason = decide(record, policy, started, slow, self._rest)
+            reason = decide(record, policy, started, slow, self._rest, self._truncated)
             if reason is None or reason == "rate":
                 self._rest += 1
+            elif reason == "truncated":
+                self._truncated += 1
         return reason
 
     def _among_longest(self, duration: int, policy: SamplingPolicy) -> bool:
@@ -242,7 +258,9 @@ class StepSampling:
             started = max(self.started, self.done)
             self._small = started <= policy.min_step
             self._places = policy.slowest
-            now = _at_once(record)
+            now = _at_once(record, self._truncated, truncation_budget(started, policy))
+            if now == "truncated":
+                self._truncated += 1
             if now is not None or not self.holds:  # not holds: the step ended meanwhile
                 record.kept = now or "tail"
                 lost = self._place(record, None)

@@ -506,3 +506,42 @@ def test_a_ray_actor_samples_its_share_of_a_drivers_step(
     assert len(home) == len(records)
     points = otel.metric_points("gen_ai.server.request.duration")
     assert sum(p.count for p in points) == len(records)
+
+
+@pytest.mark.parametrize("open_here", [True, False])
+def test_a_step_of_truncations_keeps_its_tails_worth_of_them_at_once(
+    model: str, open_here: bool
+) -> None:
+    """Every request truncated (``max_tokens`` too short for the step): a span for each was no
+    sampling at all. As many truncations as the tail holds are kept at once; the rest are
+    sampled as any request is (its tail, the rate, the longest) — every one still decided once."""
+    records = _step(model, n=2000, seed=3)
+    for r in records:
+        r.error, r.finish_reasons = None, ("length",)
+    budget = tail_size(len(records), POLICY.tail)  # 100: the tail's size
+    if open_here:
+        out, _ = _take_all(records, started_at_once=True)
+        assert sorted(r.request_id for r in out) == sorted(r.request_id for r in records)
+        reasons = Counter(r.kept for r in out)
+    else:
+        state = StepSampling()
+        state.requests_started(len(records))
+        reasons = Counter(state.decide(r, POLICY) for r in records)
+    assert reasons["truncated"] == budget
+    tail = records[int(POLICY.tail * len(records)) :]  # finished after 95 % had: all kept
+    if open_here:
+        kept_ids = {r.request_id for r in out if r.kept is not None}
+        assert {r.request_id for r in tail} <= kept_ids
+    kept = sum(v for k, v in reasons.items() if k is not None)
+    assert kept <= 2 * budget + 0.02 * len(records) + POLICY.slowest + 1, reasons
+    assert reasons[None] >= 0.85 * len(records)
+
+
+def test_truncations_within_the_budget_are_all_kept(model: str) -> None:
+    """1 % truncated (RL's usual share, under the tail's 5 %): every one keeps its span."""
+    records = _step(model)
+    state = StepSampling()
+    state.requests_started(len(records))
+    kept = {r.request_id: state.decide(r, POLICY) for r in records}
+    truncated = [r for r in records if r.finish_reason == "length" and r.error is None]
+    assert truncated and all(kept[r.request_id] is not None for r in truncated)
