@@ -17,6 +17,7 @@ import pytest
 from otel_rollout.config import CAPTURE_CONTENT_ENV, SETTINGS, load_config
 
 PATHS = {"OTEL_ROLLOUT_REPORT_DIR", "OTEL_ROLLOUT_STEP_LOG"}  # any non-NUL string is a valid path
+TEXT = {"OTEL_ROLLOUT_RUN_ID"}  # a name: any printable text names a run
 
 CASES = {
     "malformed": "fast!?",
@@ -28,7 +29,7 @@ CASES = {
 
 
 def _invalid(env: str, case: str) -> bool:
-    return case != "empty" and env not in PATHS
+    return case != "empty" and env not in PATHS | TEXT
 
 
 @pytest.mark.parametrize("case", list(CASES))
