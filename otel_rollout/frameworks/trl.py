@@ -38,7 +38,6 @@ per prompt in the step.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -56,8 +55,6 @@ from otel_rollout.vllm.adapter import PROVIDER as VLLM
 from otel_rollout.vllm.adapter import model_name
 
 __all__ = ["TRL_PHASES", "TRLInstrumentor"]
-
-_logger = logging.getLogger(__name__)
 
 TRAINERS = (
     ("trl.trainer.grpo_trainer", "GRPOTrainer"),
@@ -120,7 +117,9 @@ def generate_round_wrapper(
 
 _rounds: dict[str, int] = {}
 """Rounds opened so far per step number and mode (eval repeats its step number, once per eval
-batch): the same count in every rank, which run the same schedule."""
+batch): the same count in every rank, which run the same schedule. The newest
+:data:`ROUNDS_KEPT` keys only: a step's rounds come together."""
+ROUNDS_KEPT = 64
 
 
 def _shared(step: int, attributes: dict[str, Any]) -> SharedStep | None:
@@ -131,8 +130,10 @@ def _shared(step: int, attributes: dict[str, Any]) -> SharedStep | None:
         return None
     mode = "eval" if attributes.get("validate") else "train"
     round_key = f"{step}/{mode}"
-    seen = _rounds.get(round_key, 0)
-    _rounds[round_key] = seen + 1
+    seen = _rounds.pop(round_key, 0)
+    _rounds[round_key] = seen + 1  # re-inserted: the newest
+    while len(_rounds) > ROUNDS_KEPT:
+        del _rounds[next(iter(_rounds))]
     return shared_step(ranks, f"{round_key}/{seen}")
 
 

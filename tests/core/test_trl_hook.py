@@ -102,3 +102,28 @@ def test_a_timer_inside_a_step_is_a_phase_named_in_the_shared_vocabulary(
         for s in phases
     ] == [("weight_sync", "sync_weights")]
     assert not hasattr(timer, hook._PHASE_ATTR)  # nothing of ours left on TRL's object
+
+
+def test_repeated_rounds_of_one_step_get_their_own_shared_trace_alike_in_every_rank(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Evaluation repeats its step number once per eval batch: each round its own trace, and a
+    rank running the same schedule derives the same ones; the count kept stays bounded."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-7")
+    monkeypatch.delenv("OTEL_ROLLOUT_RUN_ID", raising=False)
+    monkeypatch.setattr(hook, "_rounds", {})
+
+    def schedule(rank: str) -> list[int]:
+        monkeypatch.setenv("RANK", rank)
+        hook._rounds.clear()
+        shared = [hook._shared(3, {}), hook._shared(3, {"validate": True})]
+        shared += [hook._shared(3, {"validate": True})]
+        assert all(s is not None and s.rank == int(rank) for s in shared)
+        return [s.trace_id for s in shared if s is not None]
+
+    rank0, rank1 = schedule("0"), schedule("1")
+    assert rank0 == rank1 and len(set(rank0)) == 3
+    for step in range(3 * hook.ROUNDS_KEPT):
+        hook._shared(step, {})
+    assert len(hook._rounds) == hook.ROUNDS_KEPT
