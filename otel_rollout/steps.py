@@ -325,9 +325,13 @@ def open_step_progress() -> list[tuple[int | None, int, int]]:
     return [(scope.step, *scope.progress()) for scope in open_steps()]
 
 
-def rollout_step(step: int | None = None, **attributes: Any) -> StepScope:
-    """Open training step ``step``: a context manager (sync or async) and a decorator."""
-    return StepScope(step, **attributes)
+def rollout_step(
+    step: int | None = None, *, shared: SharedStep | None = None, **attributes: Any
+) -> StepScope:
+    """Open training step ``step``: a context manager (sync or async) and a decorator. Extra
+    keywords become ``rollout.step.<key>`` attributes; ``shared``: every rank of the job opens
+    this step (:func:`otel_rollout.ranks.shared_step`), all in one trace."""
+    return StepScope(step, shared=shared, **attributes)
 
 
 class _AutoSteps:

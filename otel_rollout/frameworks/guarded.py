@@ -1,7 +1,7 @@
 """A framework's step or phase that can fail without failing the framework.
 
-Shared by the framework hooks (:mod:`otel_rollout.frameworks.verl`, :mod:`~otel_rollout.
-frameworks.trl`): opening or closing our scope may fail (a bad attribute, an SDK error); the
+Shared by the framework hooks (verl's, TRL's, OpenRLHF's in :mod:`otel_rollout.frameworks`):
+opening or closing our scope may fail (a bad attribute, an SDK error); the
 framework's call must run on all the same, unobserved, and its own exception must pass through
 untouched.
 """
