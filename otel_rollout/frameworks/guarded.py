@@ -9,7 +9,7 @@ untouched.
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any
 
 from otel_rollout.guard import LogOnce
@@ -17,7 +17,7 @@ from otel_rollout.phases import PhaseScope
 from otel_rollout.ranks import SharedStep
 from otel_rollout.steps import StepScope, rollout_step
 
-__all__ = ["GuardedStep", "warn_once"]
+__all__ = ["GuardedStep", "as_step", "framework_frame", "warn_once"]
 
 _log = LogOnce()
 
@@ -25,6 +25,23 @@ _log = LogOnce()
 def warn_once(framework: str, what: str, exc: BaseException) -> None:
     """Our failure around a framework's call: said once per site; the framework runs on."""
     _log.failed(f"{framework} ({what}; {framework} runs on without a rollout step)", exc)
+
+
+def framework_frame(frame: FrameType | None, skip_module: str | None = None) -> FrameType | None:
+    """The first frame from ``frame`` outward that is the framework's: wrapt's own frames
+    (present without its C extension) skipped, and those of module ``skip_module`` (a hook's
+    wrapper around a re-export of what it wraps)."""
+    while frame is not None:
+        module = str(frame.f_globals.get("__name__", ""))
+        if not (module.startswith("wrapt") or module == skip_module):
+            break
+        frame = frame.f_back
+    return frame
+
+
+def as_step(value: Any) -> int | None:
+    """``value`` if a framework's step counter could hold it (an integer, not a bool)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class GuardedStep:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from otel_rollout.frameworks.guarded import GuardedStep, warn_once
+from otel_rollout.frameworks.guarded import GuardedStep, as_step, framework_frame, warn_once
 from otel_rollout.instrumentation import LibraryInstrumentor, Target, should_observe
 from otel_rollout.steps import current_step
 
@@ -39,12 +39,8 @@ STEP_LOCAL = "global_step"
 def caller_step(frame: FrameType | None) -> int | None:
     """The caller's local ``global_step`` (wrapt's own frames, present without its C extension,
     skipped); ``None`` where it has none, or not an integer."""
-    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("wrapt"):
-        frame = frame.f_back
-    if frame is None:
-        return None
-    value = frame.f_locals.get(STEP_LOCAL)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    frame = framework_frame(frame)
+    return None if frame is None else as_step(frame.f_locals.get(STEP_LOCAL))
 
 
 def _rollout_wrapper(validate: bool) -> Callable[..., Any]:

@@ -45,7 +45,7 @@ from typing import Any
 
 from otel_rollout.config import load_config
 from otel_rollout.engine_ops import set_weight_version
-from otel_rollout.frameworks.guarded import GuardedStep, warn_once
+from otel_rollout.frameworks.guarded import GuardedStep, as_step, warn_once
 from otel_rollout.instrumentation import LibraryInstrumentor, Target, should_observe
 from otel_rollout.phases import PhaseScope
 from otel_rollout.ranks import SharedStep, job_ranks, shared_step
@@ -86,8 +86,8 @@ def _warn(what: str, exc: BaseException) -> None:
 def step_of(trainer: Any) -> tuple[int | None, dict[str, Any]]:
     """TRL's step number (``trainer.state.global_step``) and the step's attributes: a round in
     eval mode (``trainer.model.training`` false, as TRL itself decides) is ``validate``."""
-    value = getattr(getattr(trainer, "state", None), "global_step", None)
-    if not isinstance(value, int) or isinstance(value, bool):
+    value = as_step(getattr(getattr(trainer, "state", None), "global_step", None))
+    if value is None:
         return None, {}
     training = getattr(getattr(trainer, "model", None), "training", True)
     return value, ({} if training else {"validate": True})

@@ -49,7 +49,7 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
-from otel_rollout.frameworks.guarded import GuardedStep, warn_once
+from otel_rollout.frameworks.guarded import GuardedStep, as_step, framework_frame, warn_once
 from otel_rollout.frameworks.verl_agent_loop import agent_loop_targets
 from otel_rollout.instrumentation import LibraryInstrumentor, Target, argument, should_observe
 from otel_rollout.phases import PhaseScope
@@ -112,8 +112,7 @@ def step_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | None, 
 def _is_coroutine_frame(frame: FrameType | None) -> bool:
     """Whether ``frame`` (the wrapper's caller) is a coroutine: verl's own test, made on the
     frame verl would have seen. wrapt's frames (none with its C extension) are skipped."""
-    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("wrapt"):
-        frame = frame.f_back
+    frame = framework_frame(frame)
     return frame is not None and bool(frame.f_code.co_flags & inspect.CO_COROUTINE)
 
 
@@ -170,15 +169,10 @@ def generate_sequences_wrapper(
 def _trainer_step(frame: FrameType | None) -> int | None:
     """``self.global_steps`` of the trainer method that opened the timer (``frame``: its caller;
     wrapt's own frames, present without its C extension, and a re-export's wrapper are skipped)."""
-    while frame is not None and (
-        str(frame.f_globals.get("__name__", "")).startswith("wrapt")
-        or frame.f_globals.get("__name__") == __name__
-    ):
-        frame = frame.f_back
+    frame = framework_frame(frame, skip_module=__name__)
     if frame is None:
         return None
-    value = getattr(frame.f_locals.get("self"), "global_steps", None)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return as_step(getattr(frame.f_locals.get("self"), "global_steps", None))
 
 
 class _Timed:
