@@ -1,9 +1,9 @@
 """A framework's step or phase that can fail without failing the framework.
 
-Shared by the framework hooks (verl's, TRL's, OpenRLHF's in :mod:`otel_rollout.frameworks`):
-opening or closing our scope may fail (a bad attribute, an SDK error); the
-framework's call must run on all the same, unobserved, and its own exception must pass through
-untouched.
+Shared by the framework hooks (verl's, TRL's, OpenRLHF's, slime's in
+:mod:`otel_rollout.frameworks`): opening or closing our scope may fail (a bad attribute, an SDK
+error); the framework's call must run on all the same, unobserved, and its own exception must
+pass through untouched.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
+
+from opentelemetry import trace
 
 from otel_rollout.guard import LogOnce
 from otel_rollout.phases import PhaseScope
@@ -20,6 +22,9 @@ from otel_rollout.steps import StepScope, rollout_step
 __all__ = ["GuardedStep", "as_step", "framework_frame", "warn_once"]
 
 _log = LogOnce()
+
+FLUSH_TIMEOUT_MS = 1000
+"""The most a step that flushes at its end (:class:`GuardedStep` ``flush``) waits for it."""
 
 
 def warn_once(framework: str, what: str, exc: BaseException) -> None:
@@ -56,8 +61,14 @@ class GuardedStep:
         phase: Callable[[], PhaseScope] | None = None,
         framework: str = "verl",
         shared: SharedStep | None = None,
+        flush: bool = False,
     ) -> None:
         self.step = step
+        self.flush = flush
+        """Hand the step's spans to the exporter as it ends (waiting at most
+        :data:`FLUSH_TIMEOUT_MS`): for a step that ends in a Ray actor, which Ray may kill as
+        soon as its caller has the result (``ray.shutdown()`` ends a job), with the batched spans
+        still in it."""
         self.framework = framework
         self.shared = shared
         self.attributes = attributes
@@ -88,6 +99,10 @@ class GuardedStep:
         if scope is not None:
             try:
                 scope.__exit__(exc_type, exc, tb)
+                if self.flush:
+                    flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+                    if flush is not None:
+                        flush(FLUSH_TIMEOUT_MS)
             except Exception as err:
                 warn_once(self.framework, "closing the rollout step", err)
 

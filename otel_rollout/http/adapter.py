@@ -9,7 +9,8 @@ the server cannot do is hand the request back to the step, which lives in the cl
 
 * **out**: ``traceparent`` and ``baggage`` (``rollout.step``) are added to the request's headers
   when it is sent inside a step — only to the engine endpoints, only where the caller (or another
-  instrumentation) set none;
+  instrumentation) set none — and the step number to ``tracestate`` as well, for a router in
+  between that forwards the trace context but not baggage (sglang-router);
 * **back**: when the response has been read, one :class:`~otel_rollout.record.RequestRecord` per
   engine request goes to the open step — the local ``rollout_step`` or, in a Ray actor, the
   driver's step through the Ray channel — timed by the client (``rollout.timing.source=client``:
@@ -35,7 +36,7 @@ from opentelemetry import trace
 from otel_rollout.context import RecordCollector, collectors, current_step
 from otel_rollout.guard import LogOnce
 from otel_rollout.http.bodies import batch_shape, native_finished, records_of, request_body
-from otel_rollout.propagation import inject_context
+from otel_rollout.propagation import add_step_tracestate, inject_context
 from otel_rollout.record import (
     RequestRecord,
     StreamClosedEarly,
@@ -121,7 +122,8 @@ class ClientCall:
         if request is None or getattr(request, "method", "") != "POST":
             return None
         ctx = otel_context.get_current()
-        if current_step(ctx) is None:
+        step = current_step(ctx)
+        if step is None:
             return None
         url = request.url
         path = str(url.path) if hasattr(url, "path") else urlsplit(str(url)).path
@@ -133,6 +135,8 @@ class ClientCall:
             for key, value in inject_context(context=ctx).items():
                 if key not in headers:
                     headers[key] = value
+        if step.step is not None:
+            add_step_tracestate(headers, step.step)  # for a router that drops baggage
         span_context = trace.get_current_span(ctx).get_span_context()
         trace_id = span_context.trace_id if span_context.is_valid else 0
         # The OpenAI format for its endpoints (``…completions``), SGLang's native one otherwise.

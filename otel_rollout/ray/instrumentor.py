@@ -44,6 +44,7 @@ from otel_rollout.context import current_step
 from otel_rollout.guard import LogOnce
 from otel_rollout.instrumentation import LibraryInstrumentor, Target, argument
 from otel_rollout.propagation import inject_context
+from otel_rollout.ray import actor_hooks
 from otel_rollout.ray.steps import (
     CALL_ID,
     RayStepChannel,
@@ -147,7 +148,18 @@ def _late_bound(cls: type, name: str) -> Callable[[Any], Callable[..., Any]] | N
     base = getattr(cls, "__ray_actor_class__", None)
     if not isinstance(base, type) or not callable(inspect.getattr_static(base, name, None)):
         return None
-    return lambda self: getattr(super(cls, self), name)
+    return functools.partial(_user_method, cls, name, (base.__module__, base.__qualname__))
+
+
+def _user_method(cls: type, name: str, key: actor_hooks.ClassKey, self: Any) -> Callable[..., Any]:
+    """The user's method ``name`` bound to ``self``, inside the hook a framework instrumentor
+    registered for it (:mod:`otel_rollout.ray.actor_hooks`), if any. Module-level, so the
+    driver's pickled class calls the worker's copy of this function and sees its registry."""
+    method: Callable[..., Any] = getattr(super(cls, self), name)
+    hook = actor_hooks.hook_for(key, name)
+    if hook is None:
+        return method
+    return lambda *args, **kwargs: hook(method, self, args, kwargs)
 
 
 def _continuing(

@@ -128,6 +128,18 @@ def _is_generate(obj: Any) -> bool:
     return any(cls.__name__ == "GenerateReqInput" for cls in type(obj).__mro__)
 
 
+HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"
+"""SGLang's own probes (``sglang.srt.constants``): ``/health`` and ``/health_generate`` generate
+one token under a request id with this prefix, and SGLang keeps them out of its own metrics."""
+
+
+def is_health_check(obj: Any) -> bool:
+    """SGLang's probe, not a rollout request: a router polling ``/health`` (sglang-router does,
+    every worker, all the time) would otherwise add a request span and a count each time."""
+    rid = getattr(obj, "rid", None)
+    return isinstance(rid, str) and rid.startswith(HEALTH_CHECK_RID_PREFIX)
+
+
 def _tracing_enabled(manager: Any) -> bool:
     """SGLang reads ``external_trace_header`` only with its tracing on; elsewhere leave it alone."""
     return bool(getattr(manager, "enable_trace", False))
@@ -471,7 +483,7 @@ def generate_request_wrapper(telemetry: Telemetry) -> Wrapper:
         wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         obj = argument(args, kwargs, 0, "obj")
-        if obj is None or not should_observe() or not _is_generate(obj):
+        if obj is None or not should_observe() or not _is_generate(obj) or is_health_check(obj):
             return wrapped(*args, **kwargs)
         parent = otel_context.get_current()
         model, batch, expected = "unknown", None, 1

@@ -409,3 +409,16 @@ def test_sglang_weight_versions_from_meta_info() -> None:
     default_only = {"weight_versions": [{"version": "default", "start": 0, "end": 4}]}
     assert sglang_weight_versions(default_only) == ()
     assert sglang_weight_versions({"weight_versions": [{"version": "x"}]}) == ()  # malformed
+
+
+def test_sglang_health_probes_are_not_requests() -> None:
+    """SGLang's ``/health`` generates one token as ``HEALTH_CHECK_<hex>`` (its constant's prefix);
+    tests/slime counts, through the real router that polls it, that none becomes a request."""
+    from types import SimpleNamespace
+
+    from otel_rollout.sglang.adapter import is_health_check
+
+    assert is_health_check(SimpleNamespace(rid="HEALTH_CHECK_9c3ecdcae2c24fc9"))
+    assert not is_health_check(SimpleNamespace(rid="gnt-Lr3MmzxC69izWIVZGT7C3aJT"))
+    assert not is_health_check(SimpleNamespace(rid=["HEALTH_CHECK_1", "x"]))  # a batch: a user's
+    assert not is_health_check(SimpleNamespace(rid=None))

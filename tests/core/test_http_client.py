@@ -13,10 +13,12 @@ from typing import Any
 
 import httpx
 import pytest
+from opentelemetry import baggage
 from opentelemetry import context as otel_context
 
 from otel_rollout.context import with_step
 from otel_rollout.http.adapter import ClientCall, EngineHTTPError, operation_of
+from otel_rollout.propagation import extract_context, server_context, tracestate_step
 from otel_rollout.record import RequestRecord
 
 PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
@@ -63,6 +65,7 @@ def test_only_engine_posts_inside_a_step_are_touched(step: Collector) -> None:
     assert ClientCall.start(request, PATHS) is not None
     assert "traceparent" not in request.headers  # no valid span here: nothing to continue
     assert request.headers["baggage"] == "rollout.step=4"
+    assert request.headers["tracestate"] == "rollout_step=4"
 
 
 def test_outside_a_step_nothing_happens() -> None:
@@ -77,6 +80,35 @@ def test_a_callers_own_headers_are_kept(step: Collector) -> None:
     assert ClientCall.start(request, PATHS) is not None
     assert request.headers["traceparent"] == mine["traceparent"]
     assert request.headers["baggage"] == "team=rl"
+
+
+def test_the_step_also_rides_in_tracestate_for_a_router_that_drops_baggage(
+    step: Collector,
+) -> None:
+    """sglang-router forwards ``traceparent``, ``tracestate`` and ``x-request-id`` only (tried
+    on 0.3.2; tests/slime runs the real router): the server reads the step from our entry."""
+    request = post("/generate", {"tracestate": "ot=th:8,rollout_step=2,vendor=v"})
+    assert ClientCall.start(request, PATHS) is not None
+    # ours updated and moved first; the other vendors' entries kept in their order
+    assert request.headers["tracestate"] == "rollout_step=4,ot=th:8,vendor=v"
+    forwarded = {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"}
+    forwarded["tracestate"] = request.headers["tracestate"]
+    assert baggage.get_baggage("rollout.step", extract_context(forwarded)) == "4"
+    # where baggage did get through, it is what counts
+    both = {**forwarded, "baggage": "rollout.step=9"}
+    assert baggage.get_baggage("rollout.step", extract_context(both)) == "9"
+    # server_context takes it as the baggage entry the server would have read
+    ctx = server_context(forwarded, otel_context.Context())
+    assert ctx is not None and baggage.get_baggage("rollout.step", ctx) == "4"
+
+
+def test_a_tracestate_that_does_not_parse_is_left_alone(step: Collector) -> None:
+    request = post("/generate", {"tracestate": "not a list member"})
+    assert ClientCall.start(request, PATHS) is not None
+    assert request.headers["tracestate"] == "not a list member"
+    assert tracestate_step("rollout_step=x") is None
+    assert tracestate_step("other=1") is None
+    assert tracestate_step(None) is None
 
 
 def test_openai_body_with_several_choices_and_cached_tokens(step: Collector) -> None:

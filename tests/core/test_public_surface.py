@@ -27,6 +27,7 @@ PUBLIC = (
     "otel_rollout.frameworks.verl",
     "otel_rollout.frameworks.trl",
     "otel_rollout.frameworks.openrlhf",
+    "otel_rollout.frameworks.slime",
     "otel_rollout.steps",
     "otel_rollout.phases",
     "otel_rollout.trajectories",

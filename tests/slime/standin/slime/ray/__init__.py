@@ -1,0 +1,1 @@
+"""TEST STAND-IN: see ``slime/__init__.py``."""
