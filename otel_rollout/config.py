@@ -137,6 +137,9 @@ SEMCONV_OPT_IN_ENV = "OTEL_SEMCONV_STABILITY_OPT_IN"
 GEN_AI_LATEST = "gen_ai_latest_experimental"
 """Its GenAI value: the GenAI conventions' newest names (semantic-conventions-genai), as
 OpenTelemetry contrib's instrumentations read it."""
+RL_LATEST = "rl_latest_experimental"
+"""Our token in the same list: the proposed ``rl.*`` conventions' names
+(:mod:`otel_rollout.rl_conventions`)."""
 
 
 class ConfigError(ValueError):
@@ -184,6 +187,7 @@ class RolloutConfig:
     http_paths: tuple[str, ...] = ("/v1/completions", "/v1/chat/completions", "/generate")
     capture_content: bool = False
     gen_ai_latest: bool = False
+    rl_latest: bool = False
     problems: tuple[Problem, ...] = field(default=(), compare=False)
 
 
@@ -500,13 +504,14 @@ def _capture_content(environ: Mapping[str, str]) -> tuple[bool, Problem | None]:
         return False, Problem(CAPTURE_CONTENT_ENV, raw, str(exc), "false")
 
 
-def _gen_ai_latest(environ: Mapping[str, str]) -> bool:
-    """Contrib's rule (``_OpenTelemetrySemanticConventionStability``): the list holds
-    ``gen_ai_latest_experimental``. Any other value belongs to another signal's instrumentation
-    (``http``, ``database``), so nothing here is malformed. Read per configuration, not once per
-    process as contrib caches it, so each ``load_config`` sees the environment it is given."""
+def _opted_in(environ: Mapping[str, str], token: str) -> bool:
+    """Contrib's rule (``_OpenTelemetrySemanticConventionStability``): the list holds ``token``
+    (``gen_ai_latest_experimental``, ``rl_latest_experimental``). Any other value belongs to
+    another signal's instrumentation (``http``, ``database``), so nothing here is malformed.
+    Read per configuration, not once per process as contrib caches it, so each ``load_config``
+    sees the environment it is given."""
     raw = environ.get(SEMCONV_OPT_IN_ENV) or ""
-    return GEN_AI_LATEST in (part.strip() for part in raw.split(","))
+    return token in (part.strip() for part in raw.split(","))
 
 
 RETIRED: dict[str, tuple[str, str]] = {
@@ -543,7 +548,8 @@ def load_config(environ: Mapping[str, str] | None = None, *, warn: bool = True) 
     values["capture_content"], problem = _capture_content(env)
     if problem:
         problems.append(problem)
-    values["gen_ai_latest"] = _gen_ai_latest(env)
+    values["gen_ai_latest"] = _opted_in(env, GEN_AI_LATEST)
+    values["rl_latest"] = _opted_in(env, RL_LATEST)
     problems.extend(_retired(env, values))
     if warn:
         for problem in problems:
@@ -624,9 +630,18 @@ def describe(config: RolloutConfig) -> list[tuple[str, str, str]]:
     rows.append(
         (
             SEMCONV_OPT_IN_ENV,
-            GEN_AI_LATEST if config.gen_ai_latest else "(unset)",
+            ",".join(
+                token
+                for token, on in (
+                    (GEN_AI_LATEST, config.gen_ai_latest),
+                    (RL_LATEST, config.rl_latest),
+                )
+                if on
+            )
+            or "(unset)",
             f"Standard opt-in: {GEN_AI_LATEST} switches token metrics (and the cached-token "
-            "span attribute) to the GenAI conventions' newest names.",
+            f"span attribute) to the GenAI conventions' newest names; {RL_LATEST} names the "
+            "step and its phases as the proposed rl.* conventions do (docs/EMITS.md).",
         )
     )
     return rows

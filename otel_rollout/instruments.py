@@ -23,6 +23,7 @@ from otel_rollout.semconv import (
     GEN_AI_USAGE_INPUT_TOKENS_COUNTER,
     GEN_AI_USAGE_OUTPUT_TOKENS_COUNTER,
     METRIC_TELEMETRY_DROPPED,
+    RL_LOOP_DURATION,
     ROLLOUT_QUEUE_TIME,
     ROLLOUT_STATISTIC,
     STEP_PHASE_DURATION,
@@ -197,6 +198,20 @@ class StepInstruments:
             "(reward, log-probs, update, weight sync, …).",
             explicit_bucket_boundaries_advisory=config.latency_buckets,
         )
+        self._rl_loop_duration: metrics.Histogram | None = None
+        self._meter, self._config = meter, config
+
+    def rl_loop_duration(self, seconds: float) -> None:
+        """``rl.loop.duration`` (the proposed ``rl.*`` conventions' opt-in): every step's
+        duration, created on the first step under the opt-in."""
+        if self._rl_loop_duration is None:
+            self._rl_loop_duration = self._meter.create_histogram(
+                RL_LOOP_DURATION,
+                unit="s",
+                description="Duration of one RL training iteration (our step).",
+                explicit_bucket_boundaries_advisory=self._config.latency_buckets,
+            )
+        self._rl_loop_duration.record(seconds)
 
     def record(self, stats: StepStats, attrs: dict[str, str], ctx: Context) -> None:
         for figure in STEP_FIGURES:

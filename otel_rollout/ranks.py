@@ -54,11 +54,19 @@ def job_ranks(run_id: str | None = None, environ: Mapping[str, str] | None = Non
         return None
     if world <= 1 or not 0 <= rank < world:
         return None
-    run_id = (run_id or "").strip()
-    if not run_id:
+    found = job_run_id(run_id, env)
+    return Ranks(found, rank, world) if found else None
+
+
+def job_run_id(run_id: str | None = None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The job's run id: ``run_id`` (``OTEL_ROLLOUT_RUN_ID``), else the launcher's
+    (``TORCHELASTIC_RUN_ID``, unless torchrun's ``none``); ``None`` where neither names one."""
+    env = os.environ if environ is None else environ
+    found = (run_id or "").strip()
+    if not found:
         launcher = env.get(LAUNCHER_RUN_ID_ENV, "").strip()
-        run_id = "" if launcher.lower() in ("", "none") else launcher
-    return Ranks(run_id, rank, world) if run_id else None
+        found = "" if launcher.lower() in ("", "none") else launcher
+    return found or None
 
 
 def shared_step(ranks: Ranks, key: str) -> SharedStep:

@@ -239,3 +239,24 @@ GEN_AI_TOKEN_MODALITY = "gen_ai.token.modality"
 """On the usage counters: ``text`` for output tokens (the engines generate text), ``unknown``
 for input tokens (a prompt's count includes a multimodal model's image tokens, and the engines
 do not split it)."""
+
+# --- the proposed rl.* conventions (OTEL_SEMCONV_STABILITY_OPT_IN=rl_latest_experimental) -----
+# open-telemetry/semantic-conventions-genai issue #88 (proposal of 2026-03-26): docs/EMITS.md
+# says which of its names we emit, where we differ and why (otel_rollout.rl_conventions).
+RL_LOOP_SPAN_NAME = "rl.loop"
+"""The outer RL iteration: our step span's name under the opt-in."""
+RL_SAMPLE_SPAN_NAME = "rl.sample"
+RL_REWARD_SPAN_NAME = "rl.reward"
+RL_TRAIN_SPAN_NAME = "rl.train"
+RL_SYNC_SPAN_NAME = "rl.sync"
+RL_RUN_ID = "rl.run.id"
+RL_SYSTEM = "rl.system"
+RL_ALGORITHM = "rl.algorithm"
+RL_MODEL_NAME = "rl.model.name"
+RL_LOOP_DURATION = "rl.loop.duration"
+"""Histogram (s): one point per step, under the opt-in, beside ``rollout.step.duration``."""
+STEP_FRAMEWORK = "rollout.step.framework"
+"""The RL framework whose hook opened the step (``verl``, ``trl``, ``openrlhf``, ``slime``)."""
+STEP_ALGORITHM = "rollout.step.algorithm"
+"""The framework's algorithm (its advantage estimator: ``grpo``, ``rloo``, ``gae``…), where
+the hook can read it."""

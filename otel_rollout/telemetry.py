@@ -55,6 +55,8 @@ from otel_rollout.emitter import PACE_WAIT_S, Emitter, Pacer, before_flush, regi
 from otel_rollout.guard import LogOnce
 from otel_rollout.ids import PresetIds
 from otel_rollout.instruments import LabelSets, RequestInstruments, StepInstruments
+from otel_rollout.ranks import job_run_id
+from otel_rollout.rl_conventions import loop_attributes, phase_span_name
 from otel_rollout.sampling import SamplingPolicy
 from otel_rollout.sdk import drain_before_provider_flush
 from otel_rollout.sdk_internals import preset_tracer
@@ -67,6 +69,8 @@ from otel_rollout.semconv import (
     METRIC_TELEMETRY_DROPPED,
     PHASE_NAME,
     PHASE_SPAN_NAME,
+    RL_LOOP_SPAN_NAME,
+    RL_MODEL_NAME,
     ROLLOUT_BATCH_SIZE,
     ROLLOUT_DROP_REASON,
     ROLLOUT_STEP,
@@ -633,9 +637,13 @@ class StepTelemetry:
         }
         if step is not None:
             attrs[ROLLOUT_STEP] = step
+        name = STEP_SPAN_NAME
+        if self.config.rl_latest:  # the proposed rl.* conventions (otel_rollout.rl_conventions)
+            name = RL_LOOP_SPAN_NAME
+            attrs.update(loop_attributes(attrs, job_run_id(self.config.run_id)))
         if shared is None:
             return self.tracer.start_span(
-                STEP_SPAN_NAME, kind=SpanKind.INTERNAL, attributes=attrs, start_time=start_ns
+                name, kind=SpanKind.INTERNAL, attributes=attrs, start_time=start_ns
             )
         attrs[ROLLOUT_STEP_RANK], attrs[ROLLOUT_STEP_RANKS] = shared.rank, shared.ranks
         root = SpanContext(
@@ -644,7 +652,7 @@ class StepTelemetry:
         if shared.rank != 0:
             parent = trace.set_span_in_context(NonRecordingSpan(root))
             return self.tracer.start_span(
-                STEP_SPAN_NAME, parent, SpanKind.INTERNAL, attrs, start_time=start_ns
+                name, parent, SpanKind.INTERNAL, attrs, start_time=start_ns
             )
         with self._root_lock:
             if self._root_tracer is None:
@@ -654,7 +662,7 @@ class StepTelemetry:
                 preset.trace_id, preset.span_id = shared.trace_id, shared.root_span_id
             try:  # a root: no parent, whatever is current
                 return tracer.start_span(
-                    STEP_SPAN_NAME,
+                    name,
                     otel_context.Context(),
                     SpanKind.INTERNAL,
                     attrs,
@@ -693,6 +701,10 @@ class StepTelemetry:
                 span.set_attributes(step_phase_attributes(phases or {}, duration_s))
                 if missing_calls:
                     span.set_attributes({STEP_PARTIAL: True, STEP_MISSING_CALLS: missing_calls})
+                if self.config.rl_latest:
+                    self.step_instruments.rl_loop_duration(duration_s)
+                    if first is not None:
+                        span.set_attribute(RL_MODEL_NAME, first.model)
                 if stats is not None and first is not None:
                     span.set_attributes(step_span_attributes(stats))
                     self.step_instruments.record(
@@ -713,8 +725,11 @@ class StepTelemetry:
     ) -> trace.Span:
         """A phase span (:mod:`otel_rollout.phases`) under the current span, from ``start_ns``;
         on ``tracer`` where the phase is another instrumentation's own (an engine operation)."""
+        span_name = f"{PHASE_SPAN_NAME} {name}"
+        if self.config.rl_latest:
+            span_name = phase_span_name(name) or span_name
         return (tracer or self.tracer).start_span(
-            f"{PHASE_SPAN_NAME} {name}",
+            span_name,
             kind=SpanKind.INTERNAL,
             attributes={**attributes, PHASE_NAME: name},
             start_time=start_ns,

@@ -762,7 +762,9 @@ def row_traces(d: db.Dashboard) -> db.Dashboard:
             .limit(20)
             .table_type(tm.SearchTableType.SPANS)
             .query(
-                '{ name = "rollout.step" && span.rollout.step.tail.duration_s > 0 } | '
+                # step spans only carry this attribute: the name is left out, so the panel finds
+                # them under the rl.* opt-in too (rl.loop)
+                "{ span.rollout.step.tail.duration_s > 0 } | "
                 "select(span.rollout.step, span.rollout.step.tail.duration_s, "
                 "span.rollout.step.straggler_ratio, span.rollout.step.tail.requests)"
             )

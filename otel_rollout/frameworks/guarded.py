@@ -80,7 +80,12 @@ class GuardedStep:
             scope: StepScope | PhaseScope = (
                 self.phase()
                 if self.phase is not None
-                else rollout_step(self.step, shared=self.shared, **self.attributes)
+                else rollout_step(
+                    self.step,
+                    shared=self.shared,
+                    framework=self.framework.lower(),  # rollout.step.framework (rl.system)
+                    **self.attributes,
+                )
             )
             scope.__enter__()
         except Exception as exc:

@@ -48,6 +48,7 @@ def _rollout_wrapper(validate: bool) -> Callable[..., Any]:
         wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         step: int | None = None
+        attributes: dict[str, Any] = {"validate": True} if validate else {}
         try:
             if should_observe() and current_step() is None:
                 found = caller_step(sys._getframe(1))
@@ -55,16 +56,27 @@ def _rollout_wrapper(validate: bool) -> Callable[..., Any]:
                     # training: the step these samples will be trained as; eval: the step
                     # being evaluated
                     step = found if validate else found + 1
+                    algorithm = _algorithm(instance)
+                    if algorithm is not None:
+                        attributes["algorithm"] = algorithm
         except Exception as exc:
             warn_once("OpenRLHF", "reading OpenRLHF's global_step", exc)
             step = None
         if step is None:
             return wrapped(*args, **kwargs)
-        attributes = {"validate": True} if validate else {}
         with GuardedStep(step, attributes, framework="OpenRLHF"):
             return wrapped(*args, **kwargs)
 
     return wrapper
+
+
+def _algorithm(generator: Any) -> str | None:
+    """OpenRLHF's advantage estimator (``args.algo.advantage.estimator``: ``gae``,
+    ``reinforce_baseline``, ``group_norm``…), where its arguments hold one."""
+    value: Any = getattr(generator, "args", None)
+    for name in ("algo", "advantage", "estimator"):
+        value = getattr(value, name, None)
+    return value if isinstance(value, str) else None
 
 
 class OpenRLHFInstrumentor(LibraryInstrumentor):

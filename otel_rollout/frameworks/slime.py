@@ -44,15 +44,18 @@ def _rollout_hook(validate: bool) -> actor_hooks.ActorHook:
         wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         step: int | None = None
+        attributes: dict[str, Any] = {"validate": True} if validate else {}
         try:
             if should_observe() and current_step() is None:
                 step = as_step(argument(args, kwargs, 0, STEP_ARGUMENT))
+                algorithm = getattr(getattr(instance, "args", None), "advantage_estimator", None)
+                if isinstance(algorithm, str):  # slime's --advantage-estimator (grpo, ppo, …)
+                    attributes["algorithm"] = algorithm
         except Exception as exc:
             warn_once("slime", "reading slime's rollout_id", exc)
             step = None
         if step is None:
             return wrapped(*args, **kwargs)
-        attributes = {"validate": True} if validate else {}
         if inspect.iscoroutinefunction(wrapped):
 
             async def run() -> Any:

@@ -90,7 +90,19 @@ def step_of(trainer: Any) -> tuple[int | None, dict[str, Any]]:
     if value is None:
         return None, {}
     training = getattr(getattr(trainer, "model", None), "training", True)
-    return value, ({} if training else {"validate": True})
+    attributes: dict[str, Any] = {} if training else {"validate": True}
+    algorithm = algorithm_of(trainer)
+    if algorithm is not None:
+        attributes["algorithm"] = algorithm
+    return value, attributes
+
+
+def algorithm_of(trainer: Any) -> str | None:
+    """``grpo`` or ``rloo``: the TRL trainer the user's class is (or derives from)."""
+    for cls in type(trainer).__mro__:
+        if (cls.__module__, cls.__name__) in TRAINERS:
+            return cls.__name__.removesuffix("Trainer").lower()
+    return None
 
 
 def generate_round_wrapper(

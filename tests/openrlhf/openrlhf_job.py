@@ -54,7 +54,9 @@ def main() -> None:
         ),
         vllm=SimpleNamespace(enable_sleep=False),
         algo=SimpleNamespace(
-            dynamic_filtering_enable=False, advantage=SimpleNamespace(is_correction_level="off")
+            dynamic_filtering_enable=False,
+            # OpenRLHF's --advantage_estimator lands here (args.algo.advantage.estimator)
+            advantage=SimpleNamespace(is_correction_level="off", estimator="group_norm"),
         ),
     )
     strategy = SimpleNamespace(args=args)  # TEST-ENVIRONMENT STAND-IN (see the docstring)

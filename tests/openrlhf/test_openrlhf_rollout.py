@@ -97,6 +97,8 @@ def test_each_rollout_is_the_step_it_feeds(run: dict[str, Any]) -> None:
     assert [attr(s.attributes, "rollout.step.validate") is True for s in steps] == [
         bool(r.get("eval")) for r in rollouts
     ]
+    assert {attr(s.attributes, "rollout.step.framework") for s in steps} == {"openrlhf"}
+    assert {attr(s.attributes, "rollout.step.algorithm") for s in steps} == {"group_norm"}
 
 
 def test_every_sample_served_in_the_rollout_actor_is_in_its_step(run: dict[str, Any]) -> None:

@@ -41,7 +41,7 @@ OUTSIDE_ROUND = {"_prepare_inputs", "compute_loss"}
 the round's output), not inside it: no step is open there."""
 
 
-def launch(job: list[str], endpoint: str, ranks: int = 1) -> None:
+def launch(job: list[str], endpoint: str, ranks: int = 1, **extra_env: str) -> None:
     """The job zero-code: ``opentelemetry-instrument python …``, or with ``ranks`` > 1
     ``opentelemetry-instrument torchrun --standalone --nproc_per_node RANKS …`` (each rank
     instrumented: ``opentelemetry-instrument`` reaches the processes it starts)."""
@@ -49,7 +49,7 @@ def launch(job: list[str], endpoint: str, ranks: int = 1) -> None:
     python = [sys.executable]
     if ranks > 1:
         python = [str(bin_dir / "torchrun"), "--standalone", f"--nproc_per_node={ranks}"]
-    env = job_env(endpoint)
+    env = {**job_env(endpoint), **extra_env}
     if ranks > 1:
         env["ACCELERATE_USE_CPU"] = "true"  # accelerate's CPU backend (gloo) in every rank
     done = run_reaped(
@@ -114,6 +114,15 @@ def test_each_generation_round_is_a_step_numbered_by_trl(run: dict[str, Any]) ->
         not r["train"] for r in rounds
     ]
     assert len({s.trace_id for s in steps}) == len(steps)  # one trace per round
+    assert {attr(s.attributes, "rollout.step.framework") for s in steps} == {"trl"}
+    assert {attr(s.attributes, "rollout.step.algorithm") for s in steps} == {run["kind"]}
+    # the proposed rl.* names only under their opt-in (test_rl_conventions_opt_in)
+    assert not [s.name for s in run["spans"] if s.name.startswith("rl.")]
+    assert not [k for s in run["spans"] for k in _keys(s) if k.startswith("rl.")]
+
+
+def _keys(span: Any) -> list[str]:
+    return [a.key for a in span.attributes]
 
 
 def test_every_request_of_a_round_is_in_its_steps_trace_and_counted(run: dict[str, Any]) -> None:
@@ -170,6 +179,56 @@ def test_the_weights_of_each_round_are_named_after_its_step(run: dict[str, Any])
     for request in _requests(run["spans"]):
         assert attr(request.attributes, "rollout.weight.version") == steps[request.trace_id]
         assert attr(request.attributes, "rollout.weight.version_source") == "named"
+
+
+@pytest.fixture(scope="module")
+def rl_run(trl_module: Any, tiny_model: str, tmp_path_factory: Any) -> dict[str, Any]:
+    """GRPO, two steps and one evaluation, with OTEL_SEMCONV_STABILITY_OPT_IN=rl_latest_experimental."""
+    out = tmp_path_factory.mktemp("trl-rl") / "trl.json"
+    receiver = OTLPReceiver().start()
+    try:
+        launch(
+            [tiny_model, str(out), "grpo", "2"],
+            receiver.grpc_endpoint,
+            OTEL_SEMCONV_STABILITY_OPT_IN="rl_latest_experimental",
+            OTEL_ROLLOUT_RUN_ID="grpo-run-1",
+        )
+        time.sleep(0.5)
+        spans = receiver.spans()
+    finally:
+        receiver.stop()
+    return {"trl": json.loads(out.read_text()), "spans": spans}
+
+
+def test_rl_conventions_opt_in(rl_run: dict[str, Any]) -> None:
+    """The same trainer under the opt-in: each round an ``rl.loop`` span with the run, TRL,
+    GRPO and the model; TRL's generation, reward and weight-sync timers as ``rl.sample``,
+    ``rl.reward``, ``rl.sync`` under it; every request in its loop's trace, counted; our own
+    attributes kept."""
+    spans, rounds = rl_run["spans"], rl_run["trl"]["rounds"]
+    assert not [s for s in spans if s.name == "rollout.step"]
+    loops = sorted((s for s in spans if s.name == "rl.loop"), key=lambda s: s.start_time_unix_nano)
+    assert [attr(s.attributes, "rollout.step") for s in loops] == [r["step"] for r in rounds]
+    [model] = {attr(s.attributes, "gen_ai.request.model") for s in _requests(spans)}
+    for loop in loops:
+        assert {k: attr(loop.attributes, k) for k in _keys(loop) if k.startswith("rl.")} == {
+            "rl.run.id": "grpo-run-1",
+            "rl.system": "trl",
+            "rl.algorithm": "grpo",
+            "rl.model.name": model,  # the model that served the round
+        }
+        assert attr(loop.attributes, "rollout.step.requests") == PER_ROUND
+    requests = Counter(s.trace_id for s in _requests(spans))
+    assert [requests[s.trace_id] for s in loops] == [PER_ROUND] * len(loops)
+    by_trace = {s.trace_id: s for s in loops}
+    named = Counter()
+    for span in spans:
+        if span.name in ("rl.sample", "rl.reward", "rl.sync", "rl.train"):
+            assert span.trace_id in by_trace
+            named[(span.name, attr(span.attributes, "rollout.phase.framework_name"))] += 1
+    assert named[("rl.sample", "vLLM.generate")] == len(loops)  # once a round
+    assert named[("rl.reward", "_calculate_rewards")] == len(loops)
+    assert named[("rl.sync", "sync_weights")] >= 1
 
 
 RANKS = 2
