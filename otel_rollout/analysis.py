@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from otel_rollout.attribution import StepCauses, attribute
 from otel_rollout.engine_analysis import (
     CacheStats,
     EngineStepStats,
@@ -190,6 +191,8 @@ class StepStats:
     cache: CacheStats | None = None
     """Prefix-cache hits, where the engine reports cached tokens (:func:`analyze_cache`)."""
     engine: EngineStepStats | None = None
+    causes: StepCauses | None = None
+    """Why the step took its time: its seconds by cause (:mod:`otel_rollout.attribution`)."""
     """The engine's own per-iteration figures over the step, where its stat hook reports them
     (vLLM engines with stats on: :mod:`otel_rollout.vllm.stat_logger`)."""
 
@@ -212,6 +215,8 @@ def analyze(
     weight_version: object = None,
     newest_versions: Sequence[object] = (),
     engine_windows: Sequence[EngineWindow] = (),
+    step_ns: tuple[int, int] | None = None,
+    phases: Sequence[tuple[str, int, int]] = (),
 ) -> StepStats | None:
     """Compute a step's tail analytics from its requests; ``None`` for a step without requests.
 
@@ -219,6 +224,8 @@ def analyze(
     ``tail_quantile``; the requests finishing after it are the stragglers the step waited on.
     Idle capacity integrates (peak in-flight − in-flight) over the rollout window, first arrival
     to last finish: the request-slots the engine had proven it could hold but that sat empty.
+    ``step_ns``: the step's own start and end (clock of the records), with its top-level
+    ``phases``: the step's time split into causes.
     """
     if not records:
         return None
@@ -289,4 +296,5 @@ def analyze(
         request_phases=analyze_request_phases(records),
         cache=analyze_cache(records),
         engine=analyze_engine(engine_windows, duration_s),
+        causes=None if step_ns is None else attribute(records, *step_ns, phases, tail_start),
     )

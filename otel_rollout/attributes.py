@@ -34,10 +34,13 @@ from otel_rollout.semconv import (
     ROLLOUT_WEIGHT_VERSION_SOURCE,
     ROLLOUT_WEIGHT_VERSION_TOKENS,
     ROLLOUT_WEIGHT_VERSIONS,
+    STEP_ATTR_CAUSE_PREFIX,
+    STEP_ATTR_CAUSE_SUFFIX,
     STEP_ATTR_PHASE_PREFIX,
     STEP_ATTR_PHASE_SUFFIX,
     STEP_ATTR_SLOWEST_TRAJECTORIES,
     STEP_ATTR_UNACCOUNTED,
+    STEP_CAUSE_DOMINANT,
     TRAJECTORY_ADVANTAGE,
     TRAJECTORY_GENERATION_S,
     TRAJECTORY_OUTPUT_TOKENS,
@@ -221,6 +224,13 @@ def step_span_attributes(stats: StepStats) -> dict[str, Any]:
             attrs[figure.span_attribute] = value
     if stats.trajectories is not None and stats.trajectories.slowest_span_ids:
         attrs[STEP_ATTR_SLOWEST_TRAJECTORIES] = stats.trajectories.slowest_span_ids
+    if stats.causes is not None:
+        for cause, seconds in stats.causes.seconds.items():
+            if seconds > 0:
+                attrs[f"{STEP_ATTR_CAUSE_PREFIX}{cause}{STEP_ATTR_CAUSE_SUFFIX}"] = round(
+                    seconds, 6
+                )
+        attrs[STEP_CAUSE_DOMINANT] = stats.causes.dominant
     return attrs
 
 

@@ -24,8 +24,10 @@ from otel_rollout.semconv import (
     GEN_AI_USAGE_OUTPUT_TOKENS_COUNTER,
     METRIC_TELEMETRY_DROPPED,
     RL_LOOP_DURATION,
+    ROLLOUT_CAUSE,
     ROLLOUT_QUEUE_TIME,
     ROLLOUT_STATISTIC,
+    STEP_CAUSE_DURATION,
     STEP_PHASE_DURATION,
     TRAJECTORY_DURATION,
     TRAJECTORY_TURNS,
@@ -198,6 +200,13 @@ class StepInstruments:
             "(reward, log-probs, update, weight sync, …).",
             explicit_bucket_boundaries_advisory=config.latency_buckets,
         )
+        self.cause_duration = meter.create_histogram(
+            STEP_CAUSE_DURATION,
+            unit="s",
+            description="Seconds of a training step by cause (length-bound, queue, held, …): "
+            "why the step took its time.",
+            explicit_bucket_boundaries_advisory=config.latency_buckets,
+        )
         self._rl_loop_duration: metrics.Histogram | None = None
         self._meter, self._config = meter, config
 
@@ -225,6 +234,9 @@ class StepInstruments:
             value = figure.value(stats)
             if value is not None:  # a figure of a part the step lacks (its trajectories)
                 self.histograms[figure.metric].record(value, labels, context=ctx)
+        if stats.causes is not None:  # every cause every step: averages and stacks add up
+            for cause, seconds in stats.causes.seconds.items():
+                self.cause_duration.record(seconds, {**attrs, ROLLOUT_CAUSE: cause}, context=ctx)
 
 
 class TrajectoryInstruments:

@@ -260,3 +260,13 @@ STEP_FRAMEWORK = "rollout.step.framework"
 STEP_ALGORITHM = "rollout.step.algorithm"
 """The framework's algorithm (its advantage estimator: ``grpo``, ``rloo``, ``gae``…), where
 the hook can read it."""
+
+# --- why the step was slow (otel_rollout.attribution) ----------------------------------------
+STEP_ATTR_CAUSE_PREFIX = "rollout.step.cause."
+STEP_ATTR_CAUSE_SUFFIX = "_s"
+"""``rollout.step.cause.<cause>_s``: the step's seconds of each cause (``attribution.CAUSES``)."""
+STEP_CAUSE_DOMINANT = "rollout.step.cause.dominant"
+"""The cause with the most of the step's seconds."""
+STEP_CAUSE_DURATION = "rollout.step.cause.duration"
+"""Histogram (s): each cause's seconds of a step, one point per cause per step, by ``rollout.cause``."""
+ROLLOUT_CAUSE = "rollout.cause"

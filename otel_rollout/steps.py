@@ -142,6 +142,7 @@ class StepScope:
         """True when some process the step reached did not report its requests in time."""
         self.phases: dict[str, float] = {}
         """Seconds per top-level phase of the step (:mod:`otel_rollout.phases`), summed by name."""
+        self._start_ns = 0
         self.phase_intervals: list[tuple[str, int, int]] = []
         """Each top-level phase as ``(name, start_ns, end_ns)``: the step timeline of the
         reports (summary, step log, PNG lane)."""
@@ -201,6 +202,7 @@ class StepScope:
         # (the first step builds the telemetry, the Ray channel finds its collector): the span
         # is the caller's scope, as long as a framework's own step timer, not our cost.
         self._started, start_ns = time.monotonic(), time.time_ns()
+        self._start_ns = start_ns
         with telemetry.log.guard("step span"):
             self._span = telemetry.start_step(self.step, self.attributes, start_ns, self.shared)
             ctx = trace.set_span_in_context(self._span, ctx)
@@ -253,6 +255,8 @@ class StepScope:
                 weight_version=self.attributes.get("weight_version"),
                 newest_versions=_versions_at_last_finish(records),
                 engine_windows=windows,
+                step_ns=(self._start_ns, ended_ns),
+                phases=list(self.phase_intervals),
             )
         self.stats = stats
         if self._span is not None:

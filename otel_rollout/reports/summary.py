@@ -23,6 +23,8 @@ def format_summary(
         f"straggler ratio {stats.straggler_ratio:.1f}x | truncated {stats.truncation_ratio:.0%} | "
         f"idle capacity {stats.idle_capacity_s:.2f} request-s ({stats.idle_fraction:.0%})",
     ]
+    if (why := format_causes(stats)) is not None:
+        lines.append(why)
     for s in stats.stragglers:
         tokens = "?" if s.output_tokens is None else s.output_tokens
         # A request timed by an HTTP client has no span of its own here: the server made it.
@@ -107,3 +109,30 @@ def _phases_of(s: Straggler) -> str:
     if s.preemptions:
         text += f" | preempted {s.preemptions}x"
     return text + " |" if text else ""
+
+
+def format_causes(stats: StepStats, shown: int = 4) -> str | None:
+    """``why: 71 % length_bound (the last request: 256 tokens, median 31, hit max_tokens), …``:
+    the step's largest causes (:mod:`otel_rollout.attribution`), those of 1 % or more."""
+    causes = stats.causes
+    if causes is None:
+        return None
+    ranked = sorted(causes.share.items(), key=lambda kv: kv[1], reverse=True)
+    parts = []
+    for cause, share in ranked[:shown]:
+        if share < 0.01:
+            break
+        part = f"{share:.0%} {cause}"
+        c = causes.critical
+        if cause == "length_bound" and c.output_tokens is not None:
+            hit = ", hit max_tokens" if c.finish_reason == "length" else ""
+            part += (
+                f" (the last request: {c.output_tokens} tokens, "
+                f"median {c.median_output_tokens}{hit})"
+            )
+        parts.append(part)
+    if not parts:
+        return None
+    preempted = causes.critical.preemptions
+    note = f" | the last request was preempted {preempted}x" if preempted else ""
+    return "  why: " + ", ".join(parts) + note

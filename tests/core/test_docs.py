@@ -36,6 +36,10 @@ _TEMPLATES = {
     f"{semconv.ROLLOUT_STEP_ATTRIBUTE_PREFIX}<key>": {semconv.ROLLOUT_STEP_ATTRIBUTE_PREFIX},
     _PHASE_TOTAL: {semconv.STEP_ATTR_PHASE_PREFIX, semconv.STEP_ATTR_PHASE_SUFFIX},
     f"{semconv.PHASE_SPAN_NAME} <name>": {semconv.PHASE_SPAN_NAME},
+    f"{semconv.STEP_ATTR_CAUSE_PREFIX}<cause>{semconv.STEP_ATTR_CAUSE_SUFFIX}": {
+        semconv.STEP_ATTR_CAUSE_PREFIX,
+        semconv.STEP_ATTR_CAUSE_SUFFIX,
+    },
 }
 """Names written with a placeholder in the README, and the semconv fragments they are built of."""
 

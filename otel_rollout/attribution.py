@@ -1,0 +1,207 @@
+"""Why a step took as long as it did: its wall time split into named causes (issue #42).
+
+A step waits for its last request, so the step's time is read along its *critical path*: the
+request that finished last (the one that ended generation), and whatever the step did before
+generation began and after it ended. That path is cut into consecutive segments, each named by
+its cause, so the causes sum to the step's duration exactly:
+
+* before the first request arrived and after the last one finished: ``held`` (the engine was
+  held: a weight sync, sleep or pause — an engine operation or a framework's weight-sync
+  phase), ``phases`` (another phase of the step ran: reward, log-probs, …), ``framework_gap``
+  (nothing we saw ran: the framework's own work between phases);
+* from the first request's arrival to the critical request's: ``dispatch`` (it entered the
+  engine late: sent late by the client, a network or router hop, an agentic loop's earlier
+  turns);
+* the critical request itself: ``queue`` (arrival to scheduled), ``prefill`` (scheduled to
+  first token), then its decode, split in two: ``length_bound`` — the share of its decode spent
+  on output tokens beyond the step's median length (``(tokens − median) / tokens`` of the
+  decode, at the request's own pace), the time a cap at the median would have saved — and
+  ``decode`` (the rest: generation at the median length);
+* wherever the engine was held while the critical request was in flight, that time is
+  ``held`` instead.
+
+The tail (from ``OTEL_ROLLOUT_TAIL_QUANTILE`` of finishes to the last) is read on the same
+segments. Times the engine did not stamp fall to the neighbouring segment (no scheduled stamp:
+the queue is counted as prefill; no first token: all of it is decode). Not yet separated (they
+are inside ``decode`` / ``queue``): preemption recompute, a full KV cache at admission, replica
+imbalance, agentic tool waits — the critical request's own preemption count and finish reason
+are kept beside the causes.
+
+Pure: records and intervals in, figures out; no SDK, no engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from otel_rollout.quantiles import nearest_rank
+from otel_rollout.record import RequestRecord
+
+__all__ = ["CAUSES", "HELD_PHASES", "CriticalRequest", "StepCauses", "attribute"]
+
+CAUSES = (
+    "length_bound",
+    "decode",
+    "prefill",
+    "queue",
+    "dispatch",
+    "held",
+    "phases",
+    "framework_gap",
+)
+"""Every cause, bounded (a metric label): the order is the order they are reported in."""
+
+HELD_PHASES = frozenset(
+    {"weight_sync", "engine_sleep", "engine_wake", "generation_pause", "generation_resume"}
+)
+"""Phases during which the engine was held (:mod:`otel_rollout.engine_ops`' operations and the
+frameworks' weight-sync timers): no request of the step could make progress."""
+
+
+@dataclass(frozen=True)
+class CriticalRequest:
+    """The request that finished last: what the step waited on."""
+
+    duration_s: float
+    output_tokens: int | None
+    median_output_tokens: int
+    finish_reason: str | None
+    preemptions: int | None
+    trace_id: str
+    span_id: str
+
+
+@dataclass(frozen=True)
+class StepCauses:
+    """A step's seconds by cause (summing to its duration) and its tail's (summing to the tail)."""
+
+    seconds: dict[str, float]
+    tail: dict[str, float]
+    dominant: str
+    critical: CriticalRequest
+    share: dict[str, float] = field(default_factory=dict)
+    """Each cause's seconds / the step's duration."""
+
+
+Segment = tuple[int, int, str]
+
+
+def attribute(
+    records: Sequence[RequestRecord],
+    start_ns: int,
+    end_ns: int,
+    phases: Sequence[tuple[str, int, int]] = (),
+    tail_start_ns: int | None = None,
+) -> StepCauses | None:
+    """The causes of the step ``[start_ns, end_ns]`` from its requests and top-level phases
+    (``(name, start_ns, end_ns)``); ``None`` without a request or a positive duration."""
+    if not records or end_ns <= start_ns:
+        return None
+    critical = max(records, key=lambda r: (r.finish_ns, r.finish_ns - r.arrival_ns))
+    first_arrival = min(r.arrival_ns for r in records)
+    tokens = sorted(r.output_tokens or 0 for r in records)
+    median_tokens = int(nearest_rank(tokens, 0.5))
+
+    def clip(t: int) -> int:
+        return min(max(t, start_ns), end_ns)
+
+    g0, gend = clip(first_arrival), clip(critical.finish_ns)
+    arrival = clip(max(critical.arrival_ns, first_arrival))
+    scheduled = clip(critical.scheduled_ns) if critical.scheduled_ns is not None else arrival
+    first_token = clip(critical.first_token_ns) if critical.first_token_ns is not None else None
+    decode_from = first_token if first_token is not None else scheduled
+    # monotone, inside the generation window
+    arrival = min(max(arrival, g0), gend)
+    scheduled = min(max(scheduled, arrival), gend)
+    decode_from = min(max(decode_from, scheduled), gend)
+    length_ns = 0
+    out = critical.output_tokens
+    if out and out > median_tokens:
+        length_ns = int((gend - decode_from) * (out - median_tokens) / out)
+    path: list[Segment] = [
+        (g0, arrival, "dispatch"),
+        (arrival, scheduled, "queue"),
+        (scheduled, decode_from, "prefill"),
+        (decode_from, gend - length_ns, "decode"),
+        (gend - length_ns, gend, "length_bound"),
+    ]
+    held = _merge([(s, e) for name, s, e in phases if name in HELD_PHASES])
+    other = _merge([(s, e) for name, s, e in phases if name not in HELD_PHASES])
+    segments = _outside(start_ns, g0, held, other) + _overlay(path, held)
+    segments += _outside(gend, end_ns, held, other)
+
+    seconds = {c: 0.0 for c in CAUSES}
+    tail = {c: 0.0 for c in CAUSES}
+    tail_from = gend if tail_start_ns is None else clip(tail_start_ns)
+    for s, e, cause in segments:
+        if e > s:
+            seconds[cause] += (e - s) / 1e9
+            lo, hi = max(s, tail_from), min(e, gend)
+            if hi > lo:
+                tail[cause] += (hi - lo) / 1e9
+    duration = (end_ns - start_ns) / 1e9
+    return StepCauses(
+        seconds=seconds,
+        tail=tail,
+        dominant=max(CAUSES, key=lambda c: seconds[c]),
+        critical=CriticalRequest(
+            critical.duration_s,
+            critical.output_tokens,
+            median_tokens,
+            critical.finish_reason,
+            critical.preemptions,
+            critical.trace_hex or "",
+            critical.span_hex or "",
+        ),
+        share={c: v / duration for c, v in seconds.items()},
+    )
+
+
+def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping intervals as one, in order."""
+    merged: list[tuple[int, int]] = []
+    for s, e in sorted(i for i in intervals if i[1] > i[0]):
+        if merged and s <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+        else:
+            merged.append((s, e))
+    return merged
+
+
+def _cut(start: int, end: int, cover: list[tuple[int, int]]) -> list[tuple[int, int, bool]]:
+    """``[start, end)`` in pieces, each inside ``cover`` (True) or outside it (False)."""
+    pieces: list[tuple[int, int, bool]] = []
+    at = start
+    for s, e in cover:
+        if e <= at or s >= end:
+            continue
+        if s > at:
+            pieces.append((at, s, False))
+        pieces.append((max(s, at), min(e, end), True))
+        at = min(e, end)
+    if at < end:
+        pieces.append((at, end, False))
+    return pieces
+
+
+def _overlay(path: list[Segment], held: list[tuple[int, int]]) -> list[Segment]:
+    """The critical path with the time the engine was held named ``held``."""
+    return [
+        (s, e, "held" if inside else cause)
+        for start, end, cause in path
+        for s, e, inside in _cut(start, end, held)
+    ]
+
+
+def _outside(
+    start: int, end: int, held: list[tuple[int, int]], other: list[tuple[int, int]]
+) -> list[Segment]:
+    """Step time outside generation: held, another phase, or nothing we saw."""
+    out: list[Segment] = []
+    for s, e, is_held in _cut(start, end, held):
+        if is_held:
+            out.append((s, e, "held"))
+        else:
+            out += [(a, b, "phases" if p else "framework_gap") for a, b, p in _cut(s, e, other)]
+    return out
