@@ -26,6 +26,7 @@ from otel_rollout.engine_stats import EngineWindow
 from otel_rollout.quantiles import nearest_rank, tail_start_index
 from otel_rollout.record import FINISH_LENGTH, RequestRecord, TrajectoryRecord
 from otel_rollout.versions import as_int
+from otel_rollout.whatif import WhatIf, what_if
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,8 @@ class StepStats:
     engine: EngineStepStats | None = None
     causes: StepCauses | None = None
     """Why the step took its time: its seconds by cause (:mod:`otel_rollout.attribution`)."""
+    whatif: WhatIf | None = None
+    """Estimates of what a cap or an early stop would have saved (:mod:`otel_rollout.whatif`)."""
     """The engine's own per-iteration figures over the step, where its stat hook reports them
     (vLLM engines with stats on: :mod:`otel_rollout.vllm.stat_logger`)."""
 
@@ -297,4 +300,5 @@ def analyze(
         cache=analyze_cache(records),
         engine=analyze_engine(engine_windows, duration_s),
         causes=None if step_ns is None else attribute(records, *step_ns, phases, tail_start),
+        whatif=what_if(records),
     )

@@ -40,6 +40,7 @@ from otel_rollout.semconv import (
     STEP_ATTR_PHASE_SUFFIX,
     STEP_ATTR_SLOWEST_TRAJECTORIES,
     STEP_ATTR_UNACCOUNTED,
+    STEP_ATTR_WHATIF_PREFIX,
     STEP_CAUSE_DOMINANT,
     TRAJECTORY_ADVANTAGE,
     TRAJECTORY_GENERATION_S,
@@ -57,6 +58,7 @@ from otel_rollout.semconv import (
 if TYPE_CHECKING:
     from otel_rollout.analysis import StepStats
     from otel_rollout.record import RequestRecord, TrajectoryRecord
+    from otel_rollout.whatif import WhatIf
 
 ERROR_MESSAGE_MAX = 256
 """Characters of an exception's message kept in a span's status description."""
@@ -231,6 +233,23 @@ def step_span_attributes(stats: StepStats) -> dict[str, Any]:
                     seconds, 6
                 )
         attrs[STEP_CAUSE_DOMINANT] = stats.causes.dominant
+    if stats.whatif is not None:
+        attrs.update(whatif_attributes(stats.whatif))
+    return attrs
+
+
+def whatif_attributes(estimate: WhatIf) -> dict[str, Any]:
+    """``rollout.step.whatif.<change>.<figure>``: ``cap_p95.saved_s``, ``stop_90.lost``, …"""
+    attrs: dict[str, Any] = {}
+    for cap in estimate.caps:
+        name = f"{STEP_ATTR_WHATIF_PREFIX}cap_p{round(cap.quantile * 100)}."
+        attrs[name + "tokens"] = cap.tokens
+        attrs[name + "saved_s"] = round(cap.saved_s, 6)
+        attrs[name + "truncated"] = cap.truncated
+    for stop in estimate.stops:
+        name = f"{STEP_ATTR_WHATIF_PREFIX}stop_{round(stop.quantile * 100)}."
+        attrs[name + "saved_s"] = round(stop.saved_s, 6)
+        attrs[name + "lost"] = stop.lost
     return attrs
 
 

@@ -270,3 +270,7 @@ STEP_CAUSE_DOMINANT = "rollout.step.cause.dominant"
 STEP_CAUSE_DURATION = "rollout.step.cause.duration"
 """Histogram (s): each cause's seconds of a step, one point per cause per step, by ``rollout.cause``."""
 ROLLOUT_CAUSE = "rollout.cause"
+STEP_ATTR_WHATIF_PREFIX = "rollout.step.whatif."
+"""``rollout.step.whatif.<change>.<figure>``: estimates (:mod:`otel_rollout.whatif`) — ``cap_p95``
+/ ``cap_p99`` (``tokens``, ``saved_s``, ``truncated``), ``stop_90`` / ``stop_95`` (``saved_s``,
+``lost``)."""

@@ -25,6 +25,8 @@ def format_summary(
     ]
     if (why := format_causes(stats)) is not None:
         lines.append(why)
+    if (estimate := format_whatif(stats)) is not None:
+        lines.append(estimate)
     for s in stats.stragglers:
         tokens = "?" if s.output_tokens is None else s.output_tokens
         # A request timed by an HTTP client has no span of its own here: the server made it.
@@ -136,3 +138,23 @@ def format_causes(stats: StepStats, shown: int = 4) -> str | None:
     preempted = causes.critical.preemptions
     note = f" | the last request was preempted {preempted}x" if preempted else ""
     return "  why: " + ", ".join(parts) + note
+
+
+def format_whatif(stats: StepStats) -> str | None:
+    """``what if (estimates): max_tokens=143 (p95) → 0.31 s sooner, 3 cut | stop at 90 % →
+    0.31 s sooner, 6 lost``: only the changes that would have saved anything."""
+    estimate = stats.whatif
+    if estimate is None:
+        return None
+    parts = [
+        f"max_tokens={c.tokens} (p{round(c.quantile * 100)}) → {c.saved_s:.2f} s sooner, "
+        f"{c.truncated} cut"
+        for c in estimate.caps
+        if c.saved_s > 0
+    ]
+    parts += [
+        f"stop at {s.quantile:.0%} → {s.saved_s:.2f} s sooner, {s.lost} lost"
+        for s in estimate.stops
+        if s.saved_s > 0
+    ]
+    return "  what if (estimates): " + " | ".join(parts) if parts else None

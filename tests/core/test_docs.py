@@ -36,6 +36,7 @@ _TEMPLATES = {
     f"{semconv.ROLLOUT_STEP_ATTRIBUTE_PREFIX}<key>": {semconv.ROLLOUT_STEP_ATTRIBUTE_PREFIX},
     _PHASE_TOTAL: {semconv.STEP_ATTR_PHASE_PREFIX, semconv.STEP_ATTR_PHASE_SUFFIX},
     f"{semconv.PHASE_SPAN_NAME} <name>": {semconv.PHASE_SPAN_NAME},
+    f"{semconv.STEP_ATTR_WHATIF_PREFIX}<change>.<figure>": {semconv.STEP_ATTR_WHATIF_PREFIX},
     f"{semconv.STEP_ATTR_CAUSE_PREFIX}<cause>{semconv.STEP_ATTR_CAUSE_SUFFIX}": {
         semconv.STEP_ATTR_CAUSE_PREFIX,
         semconv.STEP_ATTR_CAUSE_SUFFIX,

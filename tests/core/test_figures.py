@@ -12,7 +12,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_rollout import semconv
 from otel_rollout.analysis import StepStats, analyze
-from otel_rollout.attributes import step_span_attributes
+from otel_rollout.attributes import step_span_attributes, whatif_attributes
 from otel_rollout.config import RolloutConfig
 from otel_rollout.figures import STEP_FIGURES, step_metrics
 from otel_rollout.instruments import StepInstruments
@@ -121,6 +121,10 @@ def test_span_attributes_and_points_come_from_the_table(
         assert expected_attrs[semconv.STEP_ATTR_TRAJECTORIES] == 2
     else:
         assert not any(k.startswith("rollout.step.trajector") for k in attrs)
+    # the estimates are not figures of the table: their own (tests/core/test_whatif.py)
+    estimates = {k: attrs.pop(k) for k in list(attrs) if k.startswith("rollout.step.whatif.")}
+    assert stats.whatif is not None and estimates == whatif_attributes(stats.whatif)
+    assert len(estimates) == 10
     assert attrs == expected_attrs
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])

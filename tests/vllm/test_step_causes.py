@@ -37,7 +37,16 @@ def test_one_long_request_makes_the_step_length_bound(
     assert step.stats.tail_requests == 2 and step.stats.tail_duration_s > 0
     assert sum(causes.tail.values()) == pytest.approx(step.stats.tail_duration_s, abs=1e-3)
     assert causes.tail["length_bound"] > 0.5 * step.stats.tail_duration_s
+    # what if it had stopped at 90 %: the two long ones lost, the tail saved; a p95 cap is
+    # their own length (2 of 20 are longer than 90 %), so it saves nothing
+    whatif = step.stats.whatif
+    assert whatif is not None
+    at_90 = whatif.stops[0]
+    assert (at_90.quantile, at_90.lost) == (0.9, 2)
+    assert at_90.saved_s == pytest.approx(step.stats.tail_duration_s, abs=1e-6)
+    assert [(c.tokens, c.truncated, c.saved_s) for c in whatif.caps] == [(160, 0, 0.0)] * 2
     (span,) = [s for s in otel.finished_spans() if s.name == "rollout.step"]
+    assert span.attributes["rollout.step.whatif.stop_90.lost"] == 2
     assert span.attributes["rollout.step.cause.dominant"] == "length_bound"
     assert span.attributes["rollout.step.cause.length_bound_s"] == pytest.approx(
         causes.seconds["length_bound"], abs=1e-6
