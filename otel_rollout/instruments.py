@@ -193,34 +193,35 @@ class StepInstruments:
             )
             for name, figure in step_metrics().items()
         }
-        self.phase_duration = meter.create_histogram(
+
+        def seconds(name: str, description: str) -> metrics.Histogram:
+            return meter.create_histogram(
+                name,
+                unit="s",
+                description=description,
+                explicit_bucket_boundaries_advisory=config.latency_buckets,
+            )
+
+        self.phase_duration = seconds(
             STEP_PHASE_DURATION,
-            unit="s",
-            description="Wall time of one phase of a training step "
-            "(reward, log-probs, update, weight sync, …).",
-            explicit_bucket_boundaries_advisory=config.latency_buckets,
+            "Wall time of one phase of a training step (reward, log-probs, update, weight "
+            "sync, …).",
         )
-        self.cause_duration = meter.create_histogram(
+        self.cause_duration = seconds(
             STEP_CAUSE_DURATION,
-            unit="s",
-            description="Seconds of a training step by cause (length-bound, queue, held, …): "
-            "why the step took its time.",
-            explicit_bucket_boundaries_advisory=config.latency_buckets,
+            "Seconds of a training step by cause (length-bound, queue, held, …): why the step "
+            "took its time.",
         )
-        self._rl_loop_duration: metrics.Histogram | None = None
-        self._meter, self._config = meter, config
+        self._rl_loop_duration = (
+            seconds(RL_LOOP_DURATION, "Duration of one RL training iteration (our step).")
+            if config.rl_latest  # the proposed rl.* conventions' opt-in
+            else None
+        )
 
     def rl_loop_duration(self, seconds: float) -> None:
-        """``rl.loop.duration`` (the proposed ``rl.*`` conventions' opt-in): every step's
-        duration, created on the first step under the opt-in."""
-        if self._rl_loop_duration is None:
-            self._rl_loop_duration = self._meter.create_histogram(
-                RL_LOOP_DURATION,
-                unit="s",
-                description="Duration of one RL training iteration (our step).",
-                explicit_bucket_boundaries_advisory=self._config.latency_buckets,
-            )
-        self._rl_loop_duration.record(seconds)
+        """``rl.loop.duration``: every step's duration, under the ``rl.*`` opt-in only."""
+        if self._rl_loop_duration is not None:
+            self._rl_loop_duration.record(seconds)
 
     def record(self, stats: StepStats, attrs: dict[str, str], ctx: Context) -> None:
         for figure in STEP_FIGURES:
