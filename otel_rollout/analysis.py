@@ -25,6 +25,7 @@ from otel_rollout.engine_analysis import (
 from otel_rollout.engine_stats import EngineWindow
 from otel_rollout.quantiles import nearest_rank, tail_start_index
 from otel_rollout.record import FINISH_LENGTH, RequestRecord, TrajectoryRecord
+from otel_rollout.replica_load import ReplicaStats, analyze_replicas
 from otel_rollout.versions import as_int
 from otel_rollout.whatif import WhatIf, what_if
 
@@ -192,12 +193,16 @@ class StepStats:
     cache: CacheStats | None = None
     """Prefix-cache hits, where the engine reports cached tokens (:func:`analyze_cache`)."""
     engine: EngineStepStats | None = None
+    """The engine's own per-iteration figures over the step, where its stat hook reports them
+    (vLLM engines with stats on: :mod:`otel_rollout.vllm.stat_logger`)."""
     causes: StepCauses | None = None
     """Why the step took its time: its seconds by cause (:mod:`otel_rollout.attribution`)."""
     whatif: WhatIf | None = None
-    """Estimates of what a cap or an early stop would have saved (:mod:`otel_rollout.whatif`)."""
-    """The engine's own per-iteration figures over the step, where its stat hook reports them
-    (vLLM engines with stats on: :mod:`otel_rollout.vllm.stat_logger`)."""
+    """Estimates of what a cap, an early stop or balanced replicas would have saved
+    (:mod:`otel_rollout.whatif`)."""
+    replicas: ReplicaStats | None = None
+    """How the step's work spread over its replicas, where it had two or more
+    (:mod:`otel_rollout.replica_load`)."""
 
     @property
     def tail_fraction(self) -> float:
@@ -260,6 +265,7 @@ def analyze(
     idle_fraction = idle_ns / (peak * window_ns) if peak and window_ns > 0 else 0.0
 
     slowest = sorted(records, key=lambda r: r.duration_s, reverse=True)[:stragglers]
+    replicas = analyze_replicas(records)
     return StepStats(
         requests=n,
         duration_s=duration_s,
@@ -300,5 +306,6 @@ def analyze(
         cache=analyze_cache(records),
         engine=analyze_engine(engine_windows, duration_s),
         causes=None if step_ns is None else attribute(records, *step_ns, phases, tail_start),
-        whatif=what_if(records),
+        whatif=what_if(records, replicas),
+        replicas=replicas,
     )

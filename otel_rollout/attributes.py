@@ -24,6 +24,7 @@ from otel_rollout.semconv import (
     ROLLOUT_PREEMPTIONS,
     ROLLOUT_PREFILL_TIME,
     ROLLOUT_QUEUE_TIME,
+    ROLLOUT_REPLICA,
     ROLLOUT_SAMPLING_REASON,
     ROLLOUT_SPEC_ACCEPTED_TOKENS,
     ROLLOUT_SPEC_DRAFT_TOKENS,
@@ -133,6 +134,7 @@ _OPTIONAL_KEYS = (
     ROLLOUT_STEP,
     ROLLOUT_WEIGHT_VERSION,
     ROLLOUT_WEIGHT_VERSION_SOURCE,
+    ROLLOUT_REPLICA,
 )
 """A request span's optional attributes, each set where the record has a value; in the order of
 :func:`request_span_attributes`' values (built once here: the span of every request reads it)."""
@@ -178,6 +180,7 @@ def request_span_attributes(
         record.step,
         record.weight_version,
         record.weight_version_source,
+        record.replica,
     )
     for key, value in zip(_LATEST_KEYS if gen_ai_latest else _OPTIONAL_KEYS, values, strict=True):
         if value is not None:
@@ -250,6 +253,9 @@ def whatif_attributes(estimate: WhatIf) -> dict[str, Any]:
         name = f"{STEP_ATTR_WHATIF_PREFIX}stop_{round(stop.quantile * 100)}."
         attrs[name + "saved_s"] = round(stop.saved_s, 6)
         attrs[name + "lost"] = stop.lost
+    if estimate.balance is not None:
+        attrs[STEP_ATTR_WHATIF_PREFIX + "balanced.saved_s"] = round(estimate.balance.saved_s, 6)
+        attrs[STEP_ATTR_WHATIF_PREFIX + "fewest_replicas.replicas"] = estimate.balance.fewest
     return attrs
 
 

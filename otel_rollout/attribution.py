@@ -17,15 +17,21 @@ its cause, so the causes sum to the step's duration exactly:
   on output tokens beyond the step's median length (``(tokens − median) / tokens`` of the
   decode, at the request's own pace), the time a cap at the median would have saved — and
   ``decode`` (the rest: generation at the median length);
+* where the step's requests name two replicas or more (:mod:`otel_rollout.replicas`): the
+  critical request's time after every *other* replica had finished its last request of the step
+  is ``replica_imbalance`` — the step waited on one replica while all the others stood idle
+  (its length beyond the median stays ``length_bound``: a long request is not the balance's
+  fault). What balancing would have saved is the what-if's estimate
+  (:mod:`otel_rollout.replica_load`);
 * wherever the engine was held while the critical request was in flight, that time is
   ``held`` instead.
 
 The tail (from ``OTEL_ROLLOUT_TAIL_QUANTILE`` of finishes to the last) is read on the same
 segments. Times the engine did not stamp fall to the neighbouring segment (no scheduled stamp:
 the queue is counted as prefill; no first token: all of it is decode). Not yet separated (they
-are inside ``decode`` / ``queue``): preemption recompute, a full KV cache at admission, replica
-imbalance, agentic tool waits — the critical request's own preemption count and finish reason
-are kept beside the causes.
+are inside ``decode`` / ``queue``): preemption recompute, a full KV cache at admission, agentic
+tool waits — the critical request's own preemption count and finish reason are kept beside the
+causes.
 
 Pure: records and intervals in, figures out; no SDK, no engine.
 """
@@ -37,11 +43,13 @@ from dataclasses import dataclass, field
 
 from otel_rollout.quantiles import nearest_rank
 from otel_rollout.record import RequestRecord
+from otel_rollout.replica_load import replica_ends
 
 __all__ = ["CAUSES", "HELD_PHASES", "CriticalRequest", "StepCauses", "attribute"]
 
 CAUSES = (
     "length_bound",
+    "replica_imbalance",
     "decode",
     "prefill",
     "queue",
@@ -70,6 +78,7 @@ class CriticalRequest:
     preemptions: int | None
     trace_id: str
     span_id: str
+    replica: str | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +135,10 @@ def attribute(
         (decode_from, gend - length_ns, "decode"),
         (gend - length_ns, gend, "length_bound"),
     ]
+    others = replica_ends(records)
+    others.pop(critical.replica or "", None)
+    if critical.replica is not None and others:
+        path = _relabel(path, clip(max(others.values())), _WAITING, "replica_imbalance")
     held = _merge([(s, e) for name, s, e in phases if name in HELD_PHASES])
     other = _merge([(s, e) for name, s, e in phases if name not in HELD_PHASES])
     segments = _outside(start_ns, g0, held, other) + _overlay(path, held)
@@ -153,9 +166,27 @@ def attribute(
             critical.preemptions,
             critical.trace_hex or "",
             critical.span_hex or "",
+            critical.replica,
         ),
         share={c: v / duration for c, v in seconds.items()},
     )
+
+
+_WAITING = frozenset({"dispatch", "queue", "prefill", "decode"})
+"""The critical path's segments that are time spent on its replica's work, not on its own length."""
+
+
+def _relabel(path: list[Segment], after: int, causes: frozenset[str], to: str) -> list[Segment]:
+    """The path with the part after ``after`` of each segment named in ``causes`` named ``to``."""
+    out: list[Segment] = []
+    for s, e, cause in path:
+        if cause in causes and e > after:
+            if after > s:
+                out.append((s, after, cause))
+            out.append((max(s, after), e, to))
+        else:
+            out.append((s, e, cause))
+    return out
 
 
 def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:

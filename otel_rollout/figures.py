@@ -48,6 +48,8 @@ from otel_rollout.semconv import (
     STEP_ATTR_PREFILL_P90,
     STEP_ATTR_QUEUE_MAX,
     STEP_ATTR_QUEUE_P90,
+    STEP_ATTR_REPLICA_SPREAD,
+    STEP_ATTR_REPLICAS,
     STEP_ATTR_STALE_REQUESTS,
     STEP_ATTR_STALENESS_MAX,
     STEP_ATTR_STALENESS_MEAN,
@@ -69,6 +71,7 @@ from otel_rollout.semconv import (
     STEP_OUTPUT_TOKENS,
     STEP_PREFILL_TIME,
     STEP_QUEUE_TIME,
+    STEP_REPLICA_SPREAD,
     STEP_REQUESTS,
     STEP_STALENESS,
     STEP_STRAGGLER_RATIO,
@@ -222,6 +225,16 @@ STEP_FIGURES: tuple[StepFigure, ...] = (
         FRACTION_BUCKETS,
     ),
     StepFigure("peak_active", STEP_ATTR_PEAK_ACTIVE),
+    # how the work spread over replicas (absent from a step served by one)
+    StepFigure("replicas.count", STEP_ATTR_REPLICAS),
+    StepFigure(
+        "replicas.spread_s",
+        STEP_ATTR_REPLICA_SPREAD,
+        STEP_REPLICA_SPREAD,
+        "s",
+        "The latest replica's last finish minus the earliest's, per step with several replicas.",
+        "latency_buckets",
+    ),
     StepFigure(
         "preemptions",
         STEP_ATTR_PREEMPTIONS,

@@ -189,6 +189,9 @@ class RequestRecord:
     step: int | None = None
     """The training step it was handed over in (its context's, looked up once at hand-over:
     the span, made later on the emitter's thread, carries it as ``rollout.step``)."""
+    replica: str | None = None
+    """The engine instance that served it (:mod:`otel_rollout.replicas`): set where the record
+    is made, else by the hand-over to the process's own name."""
 
     def set_engine_versions(self, versions: tuple[tuple[str, int], ...]) -> None:
         """The engine's own versions over the request's output tokens

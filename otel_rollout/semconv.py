@@ -40,6 +40,9 @@ ROLLOUT_SAMPLING_REASON = "rollout.sampling.reason"
 ROLLOUT_TIMING_SOURCE = "rollout.timing.source"
 """Where the span's timestamps came from: ``engine``, ``engine_steps``, ``engine_latency``, ``observed`` (docs/ENGINES.md)."""
 ROLLOUT_BATCH_SIZE = "rollout.batch.size"
+ROLLOUT_REPLICA = "rollout.replica"
+"""The engine instance that served the request (:mod:`otel_rollout.replicas`): a Ray actor's
+name, ``host:pid`` (``#k`` for a process's k-th other engine), or a client's server ``host:port``."""
 ROLLOUT_WEIGHT_VERSION = "rollout.weight.version"
 ROLLOUT_WEIGHT_VERSION_SOURCE = "rollout.weight.version_source"
 ROLLOUT_WEIGHT_VERSIONS = "rollout.weight.versions"
@@ -273,4 +276,13 @@ ROLLOUT_CAUSE = "rollout.cause"
 STEP_ATTR_WHATIF_PREFIX = "rollout.step.whatif."
 """``rollout.step.whatif.<change>.<figure>``: estimates (:mod:`otel_rollout.whatif`) — ``cap_p95``
 / ``cap_p99`` (``tokens``, ``saved_s``, ``truncated``), ``stop_90`` / ``stop_95`` (``saved_s``,
-``lost``)."""
+``lost``), where the step had several replicas ``balanced`` (``saved_s``) and
+``fewest_replicas`` (``replicas``)."""
+
+# --- the step's replicas (otel_rollout.replica_load) -----------------------------------------
+STEP_ATTR_REPLICAS = "rollout.step.replicas"
+"""How many replicas served the step's requests (on steps with two or more)."""
+STEP_REPLICA_SPREAD = "rollout.step.replica.spread"
+"""Histogram (s), one point per step with two replicas or more: the latest replica's last finish
+− the earliest's."""
+STEP_ATTR_REPLICA_SPREAD = "rollout.step.replica.spread_s"

@@ -56,6 +56,7 @@ from otel_rollout.guard import LogOnce
 from otel_rollout.ids import PresetIds
 from otel_rollout.instruments import LabelSets, RequestInstruments, StepInstruments
 from otel_rollout.ranks import job_run_id
+from otel_rollout.replicas import process_replica
 from otel_rollout.rl_conventions import loop_attributes, phase_span_name
 from otel_rollout.sampling import SamplingPolicy
 from otel_rollout.sdk import drain_before_provider_flush
@@ -309,8 +310,11 @@ class Telemetry:
                 self._resolve_proxy()
             self._stamp_weight_versions(records)
             view = step_view(parent)  # once per hand-over: its step, number and collectors
+            here = process_replica()
             for record in records:
                 record.step = view.number
+                if record.replica is None:
+                    record.replica = here
             if capacity <= 0 or self._preset is None:
                 waiting = self._sample(records, parent, view)
                 self._emit_inline(records, parent, view.collectors, waiting)

@@ -9,6 +9,10 @@ Two changes RL engineers reach for against a long tail, each read off the step's
 * **stop** the rollout once 90 % (95 %) of its requests have finished (partial rollout, as
   slime and AReaL offer): generation ends at that finish; the requests still running are lost.
 
+Across replicas (where the step's requests name two or more, :mod:`otel_rollout.replica_load`):
+**balanced** work (seconds saved) and the **fewest replicas** that would have ended the step no
+later.
+
 The model, written down so its error can be measured: the rest of the step (what ran after
 generation) is unchanged, and a request's pace does not change when others end sooner — on a
 batching engine fewer requests in flight decode faster, so the savings are lower bounds.
@@ -23,8 +27,9 @@ from dataclasses import dataclass
 
 from otel_rollout.quantiles import nearest_rank, tail_start_index
 from otel_rollout.record import RequestRecord
+from otel_rollout.replica_load import ReplicaStats
 
-__all__ = ["CAP_QUANTILES", "STOP_QUANTILES", "Cap", "Stop", "WhatIf", "what_if"]
+__all__ = ["CAP_QUANTILES", "STOP_QUANTILES", "Balance", "Cap", "Stop", "WhatIf", "what_if"]
 
 CAP_QUANTILES = (0.95, 0.99)
 STOP_QUANTILES = (0.9, 0.95)
@@ -48,13 +53,27 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Balance:
+    replicas: int
+    saved_s: float
+    """Balanced replicas: seconds sooner the step's generation would have ended."""
+    fewest: int
+    """The fewest replicas that, balanced, would have ended it no later."""
+
+
+@dataclass(frozen=True)
 class WhatIf:
     caps: tuple[Cap, ...]
     stops: tuple[Stop, ...]
+    balance: Balance | None = None
+    """Where the step had two replicas or more."""
 
 
-def what_if(records: Sequence[RequestRecord]) -> WhatIf | None:
-    """The estimates for a step's requests; ``None`` without requests."""
+def what_if(
+    records: Sequence[RequestRecord], replicas: ReplicaStats | None = None
+) -> WhatIf | None:
+    """The estimates for a step's requests (and its replicas' loads, where it had several);
+    ``None`` without requests."""
     if not records:
         return None
     last = max(r.finish_ns for r in records)
@@ -77,4 +96,9 @@ def what_if(records: Sequence[RequestRecord]) -> WhatIf | None:
     for q in STOP_QUANTILES:
         at = finishes[tail_start_index(len(finishes), q)]
         stops.append(Stop(q, (last - at) / 1e9, sum(1 for f in finishes if f > at)))
-    return WhatIf(tuple(caps), tuple(stops))
+    balance = (
+        None
+        if replicas is None
+        else Balance(replicas.count, replicas.balanced_saved_s, replicas.fewest)
+    )
+    return WhatIf(tuple(caps), tuple(stops), balance)

@@ -42,6 +42,7 @@ from otel_rollout.record import (
     StreamClosedEarly,
     model_label,
 )
+from otel_rollout.replicas import endpoint_replica
 
 TIMING_CLIENT = "client"
 """``rollout.timing.source`` of a request timed by the HTTP client: send to the last byte read."""
@@ -87,6 +88,7 @@ class ClientCall:
         "_done",
         "prompts",
         "n",
+        "replica",
     )
 
     def __init__(
@@ -112,6 +114,8 @@ class ClientCall:
         """Prompts the request sent: a list of them is one engine request each (vLLM's server
         splits it), and the response's choices are split back by prompt."""
         self.n = 1
+        self.replica: str | None = None
+        """The server's ``host:port``: the replica as the client knows it."""
 
     # --- request --------------------------------------------------------------------------
 
@@ -142,6 +146,7 @@ class ClientCall:
         # The OpenAI format for its endpoints (``…completions``), SGLang's native one otherwise.
         native = not path.endswith("completions")
         call = cls(collectors(ctx), operation, native, trace_id)
+        call.replica = endpoint_replica(url)
         if not native and operation == "text_completion":
             call.prompts, call.n = batch_shape(request_body(request))
         return call
@@ -240,6 +245,7 @@ class ClientCall:
                 n=item.get("n"),
                 timing_source=TIMING_CLIENT,
                 trace_id=self.trace_id,
+                replica=self.replica,
             )
             for observer in observers:
                 observer.observe(record)

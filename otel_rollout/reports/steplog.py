@@ -56,6 +56,7 @@ def step_entry(
             "timing_source": record.timing_source,
             "weight_version": record.weight_version,
             "preemptions": record.preemptions,
+            "replica": record.replica,
             "trace_id": record.trace_hex,
             "span_id": record.span_hex,
         }

@@ -132,12 +132,22 @@ def format_causes(stats: StepStats, shown: int = 4) -> str | None:
                 f" (the last request: {c.output_tokens} tokens, "
                 f"median {c.median_output_tokens}{hit})"
             )
+        elif cause == "replica_imbalance" and stats.replicas is not None:
+            busiest = stats.replicas.busiest
+            part += (
+                f" ({busiest.replica} ended {stats.replicas.spread_s:.2f} s after the first of "
+                f"{stats.replicas.count} replicas, with {busiest.requests} requests)"
+            )
         parts.append(part)
     if not parts:
         return None
     preempted = causes.critical.preemptions
     note = f" | the last request was preempted {preempted}x" if preempted else ""
     return "  why: " + ", ".join(parts) + note
+
+
+_SHOWN_S = 0.005
+"""A saving that prints as ``0.00 s`` is not shown."""
 
 
 def format_whatif(stats: StepStats) -> str | None:
@@ -150,11 +160,16 @@ def format_whatif(stats: StepStats) -> str | None:
         f"max_tokens={c.tokens} (p{round(c.quantile * 100)}) → {c.saved_s:.2f} s sooner, "
         f"{c.truncated} cut"
         for c in estimate.caps
-        if c.saved_s > 0
+        if c.saved_s >= _SHOWN_S
     ]
     parts += [
         f"stop at {s.quantile:.0%} → {s.saved_s:.2f} s sooner, {s.lost} lost"
         for s in estimate.stops
-        if s.saved_s > 0
+        if s.saved_s >= _SHOWN_S
     ]
+    balance = estimate.balance
+    if balance is not None and balance.saved_s >= _SHOWN_S:
+        parts.append(f"balanced replicas → {balance.saved_s:.2f} s sooner")
+    if balance is not None and balance.fewest < balance.replicas:
+        parts.append(f"{balance.fewest} of {balance.replicas} replicas would have sufficed")
     return "  what if (estimates): " + " | ".join(parts) if parts else None

@@ -62,6 +62,7 @@ from otel_rollout.record import (
     model_label,
     normalize_finish_reason,
 )
+from otel_rollout.replicas import engine_replica
 from otel_rollout.sglang import scheduler_metrics
 from otel_rollout.steps import batch_in_step
 from otel_rollout.streams import StreamObserver, observe
@@ -301,6 +302,7 @@ class RequestGroup(StreamObserver):
         super().__init__()
         self.telemetry = telemetry
         self.model = model
+        self.replica = engine_replica(manager)
         self.parent = parent
         self.batch = batch
         self.expected = expected
@@ -414,6 +416,7 @@ class RequestGroup(StreamObserver):
             finish_reasons=(reason,) if reason else (),
             error=error,
             timing_source=source,
+            replica=self.replica,
         )
         record.set_engine_versions(weight_versions(meta))
         self._fill_request(record, index, state)

@@ -43,6 +43,7 @@ from otel_rollout.record import (
     model_label,
     normalize_finish_reason,
 )
+from otel_rollout.replicas import engine_replica
 from otel_rollout.steps import batch_in_step
 from otel_rollout.streams import StreamObserver, observe
 from otel_rollout.telemetry import Telemetry
@@ -267,7 +268,7 @@ def offline_wrapper(telemetry: Telemetry, operation: str) -> Wrapper:
     ) -> Any:
         if not should_observe():
             return wrapped(*args, **kwargs)
-        model = model_name(instance)
+        model, replica = model_name(instance), engine_replica(instance)
         prompts = argument(args, kwargs, 0, "prompts", "messages")
         size = _batch_size(prompts, operation)
         params = argument(args, kwargs, 1, "sampling_params")
@@ -295,6 +296,7 @@ def offline_wrapper(telemetry: Telemetry, operation: str) -> Wrapper:
                         finish_ns=clock.now_ns(),
                         error=exc,
                         timing_source="observed",
+                        replica=replica,
                     ),
                     batch_ctx,
                 )
@@ -319,6 +321,7 @@ def offline_wrapper(telemetry: Telemetry, operation: str) -> Wrapper:
                         telemetry.config.capture_content,
                     )
                     _fill_sampling(record, request_params)
+                    record.replica = replica
                     records.append(record)
                 telemetry.emit_all(records, batch_ctx)
         return outputs
@@ -429,6 +432,7 @@ class AsyncRequest(StreamObserver):
         "delta",
         "watched",
         "started",
+        "replica",
     )
 
     def __init__(
@@ -439,6 +443,7 @@ class AsyncRequest(StreamObserver):
         params: Any,
         parent: Context,
         watched: bool = False,
+        replica: str | None = None,
     ) -> None:
         self.ended = False  # StreamObserver's (its __init__ not called: a call less per stream)
         self.telemetry = telemetry
@@ -454,6 +459,7 @@ class AsyncRequest(StreamObserver):
         self.delta = getattr(kind, "name", "") == "DELTA"
         self.watched = watched  # in ASYNC_TIMES: the engine's step stamps are collected
         self.started: int | None = None  # the in-flight start stamp (Telemetry.requests_started)
+        self.replica = replica
 
     def item(self, output: Any) -> bool:
         if getattr(output, "metrics", None) is not None:
@@ -512,6 +518,7 @@ class AsyncRequest(StreamObserver):
                 if record.timing_source == "engine" and last is not None and not last.finished:
                     record.finish_ns = max(record.arrival_ns, now)
             _fill_sampling(record, self.params)
+            record.replica = self.replica
             telemetry.emit(record, self.parent)
 
 
@@ -536,7 +543,9 @@ def async_generate_wrapper(telemetry: Telemetry) -> Wrapper:
         if watched:
             ASYNC_TIMES.watch(request_id)
         parent = otel_context.get_current()
-        observer = AsyncRequest(telemetry, model, request_id, params, parent, watched)
+        observer = AsyncRequest(
+            telemetry, model, request_id, params, parent, watched, engine_replica(instance)
+        )
         observer.started = telemetry.requests_started(model, "text_completion", 1, parent)
         return observe(stream, observer)
 

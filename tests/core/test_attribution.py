@@ -119,3 +119,34 @@ def test_no_requests_or_no_time_no_causes() -> None:
 
 def test_every_cause_is_named_once() -> None:
     assert len(set(CAUSES)) == len(CAUSES)
+
+
+def test_the_time_one_replica_worked_alone_is_replica_imbalance() -> None:
+    """Replica a serves 4 requests (done by 100 ms), replica b 12 in three waves of 4 (its last
+    wave queued 0 → 200 ms, decoded 200 → 300 ms): from 100 ms on, b worked alone."""
+    a = [request(0, 100, 10, 0, 10, replica="a") for _ in range(4)]
+    b = [
+        request(0, 100 * (1 + i // 4), 10, 100 * (i // 4), 100 * (i // 4) + 10, replica="b")
+        for i in range(12)
+    ]
+    causes = attribute(a + b, S, S + 300 * MS)
+    assert causes is not None
+    assert ms(causes.seconds) == {"queue": 100, "replica_imbalance": 200}
+    assert causes.dominant == "replica_imbalance"
+    assert causes.critical.replica == "b"
+    # the same work on one replica (no names): queue and decode, no imbalance
+    alone = attribute([request(0, 300, 10, 200, 210), request(0, 100, 10, 0, 10)], S, S + 300 * MS)
+    assert alone is not None and ms(alone.seconds) == {"queue": 200, "prefill": 10, "decode": 90}
+
+
+def test_a_long_request_on_the_last_replica_stays_length_bound() -> None:
+    """Both replicas end their short requests at 100 ms; b's one long request decodes on to
+    1,000 ms: its length, not the balance, is what the step waited on."""
+    records = [request(0, 100, 10, 0, 10, replica=r) for r in "aabb"]
+    records.append(request(0, 1_000, 100, 0, 100, replica="b"))
+    causes = attribute(records, S, S + 1_000 * MS)
+    assert causes is not None
+    # decode 100 → 1,000 ms: 90 % beyond the median is length_bound; the rest, after a's end, is
+    # b working alone
+    assert ms(causes.seconds) == {"prefill": 100, "replica_imbalance": 90, "length_bound": 810}
+    assert causes.dominant == "length_bound"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 from typing import Any
 
 import pytest
@@ -76,6 +78,8 @@ def test_attributes_names_and_types(otel, make_telemetry, model) -> None:
         "rollout.request.time_to_first_token": 0.75,
         "rollout.request.prefill_time": 0.5,
         "rollout.request.decode_time": 2.0,
+        # made without a replica: the hand-over names it after this process
+        "rollout.replica": f"{socket.gethostname()}:{os.getpid()}",
     }
     assert attrs == expected
     # The SDK stores sequences as tuples; the semconv type is string[] (a list, not one string).
