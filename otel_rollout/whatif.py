@@ -14,8 +14,10 @@ Across replicas (where the step's requests name two or more, :mod:`otel_rollout.
 later.
 
 The model, written down so its error can be measured: the rest of the step (what ran after
-generation) is unchanged, and a request's pace does not change when others end sooner — on a
-batching engine fewer requests in flight decode faster, so the savings are lower bounds.
+generation) is unchanged, and a capped request reaches the cap at its own average pace. A stop
+changes nothing before it: exact but for the abort's cost. Where per-token time grows with the
+batch, a long request's early tokens are slower than its average, so a cap's estimate is an
+upper bound (measured against real reruns: docs/OUTPUTS.md).
 Requests without a first-token stamp (timed by an HTTP client) are paced from their arrival.
 Pure: records in, figures out.
 """
