@@ -243,18 +243,16 @@ def step_span_attributes(stats: StepStats) -> dict[str, Any]:
 
 def whatif_attributes(estimate: WhatIf) -> dict[str, Any]:
     """``rollout.step.whatif.<change>.<figure>``: ``cap_p95.saved_s``, ``stop_90.lost``, …"""
-    attrs: dict[str, Any] = {}
+    attrs: dict[str, Any] = {
+        f"{STEP_ATTR_WHATIF_PREFIX}{name}.saved_s": round(saved, 6)
+        for name, saved in estimate.savings()
+    }
     for cap in estimate.caps:
-        name = f"{STEP_ATTR_WHATIF_PREFIX}cap_p{round(cap.quantile * 100)}."
-        attrs[name + "tokens"] = cap.tokens
-        attrs[name + "saved_s"] = round(cap.saved_s, 6)
-        attrs[name + "truncated"] = cap.truncated
+        attrs[f"{STEP_ATTR_WHATIF_PREFIX}{cap.name}.tokens"] = cap.tokens
+        attrs[f"{STEP_ATTR_WHATIF_PREFIX}{cap.name}.truncated"] = cap.truncated
     for stop in estimate.stops:
-        name = f"{STEP_ATTR_WHATIF_PREFIX}stop_{round(stop.quantile * 100)}."
-        attrs[name + "saved_s"] = round(stop.saved_s, 6)
-        attrs[name + "lost"] = stop.lost
+        attrs[f"{STEP_ATTR_WHATIF_PREFIX}{stop.name}.lost"] = stop.lost
     if estimate.balance is not None:
-        attrs[STEP_ATTR_WHATIF_PREFIX + "balanced.saved_s"] = round(estimate.balance.saved_s, 6)
         attrs[STEP_ATTR_WHATIF_PREFIX + "fewest_replicas.replicas"] = estimate.balance.fewest
     return attrs
 

@@ -27,8 +27,10 @@ from otel_rollout.semconv import (
     ROLLOUT_CAUSE,
     ROLLOUT_QUEUE_TIME,
     ROLLOUT_STATISTIC,
+    ROLLOUT_WHATIF,
     STEP_CAUSE_DURATION,
     STEP_PHASE_DURATION,
+    STEP_WHATIF_SAVED,
     TRAJECTORY_DURATION,
     TRAJECTORY_TURNS,
 )
@@ -212,6 +214,11 @@ class StepInstruments:
             "Seconds of a training step by cause (length-bound, queue, held, …): why the step "
             "took its time.",
         )
+        self.whatif_saved = seconds(
+            STEP_WHATIF_SAVED,
+            "Estimated seconds a change would have saved a training step (max_tokens capped at "
+            "p95/p99, a stop at 90/95 %, balanced replicas), by rollout.whatif.",
+        )
         self._rl_loop_duration = (
             seconds(RL_LOOP_DURATION, "Duration of one RL training iteration (our step).")
             if config.rl_latest  # the proposed rl.* conventions' opt-in
@@ -238,6 +245,9 @@ class StepInstruments:
         if stats.causes is not None:  # every cause every step: averages and stacks add up
             for cause, seconds in stats.causes.seconds.items():
                 self.cause_duration.record(seconds, {**attrs, ROLLOUT_CAUSE: cause}, context=ctx)
+        if stats.whatif is not None:
+            for change, saved in stats.whatif.savings():
+                self.whatif_saved.record(saved, {**attrs, ROLLOUT_WHATIF: change}, context=ctx)
 
 
 class TrajectoryInstruments:

@@ -279,6 +279,11 @@ STEP_ATTR_WHATIF_PREFIX = "rollout.step.whatif."
 ``lost``), where the step had several replicas ``balanced`` (``saved_s``) and
 ``fewest_replicas`` (``replicas``)."""
 
+STEP_WHATIF_SAVED = "rollout.step.whatif.saved"
+"""Histogram (s): each what-if change's estimated saving, one point per change per step, by
+``rollout.whatif`` (``cap_p95``, ``cap_p99``, ``stop_90``, ``stop_95``, ``balanced``)."""
+ROLLOUT_WHATIF = "rollout.whatif"
+
 # --- the step's replicas (otel_rollout.replica_load) -----------------------------------------
 STEP_ATTR_REPLICAS = "rollout.step.replicas"
 """How many replicas served the step's requests (on steps with two or more)."""

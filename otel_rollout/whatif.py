@@ -31,9 +31,19 @@ from otel_rollout.quantiles import nearest_rank, tail_start_index
 from otel_rollout.record import RequestRecord
 from otel_rollout.replica_load import ReplicaStats
 
-__all__ = ["CAP_QUANTILES", "STOP_QUANTILES", "Balance", "Cap", "Stop", "WhatIf", "what_if"]
+__all__ = [
+    "BALANCED",
+    "CAP_QUANTILES",
+    "STOP_QUANTILES",
+    "Balance",
+    "Cap",
+    "Stop",
+    "WhatIf",
+    "what_if",
+]
 
 CAP_QUANTILES = (0.95, 0.99)
+BALANCED = "balanced"
 STOP_QUANTILES = (0.9, 0.95)
 
 
@@ -45,6 +55,10 @@ class Cap:
     saved_s: float
     truncated: int
 
+    @property
+    def name(self) -> str:
+        return f"cap_p{round(self.quantile * 100)}"
+
 
 @dataclass(frozen=True)
 class Stop:
@@ -52,6 +66,10 @@ class Stop:
     saved_s: float
     lost: int
     """Requests still running when the share had finished."""
+
+    @property
+    def name(self) -> str:
+        return f"stop_{round(self.quantile * 100)}"
 
 
 @dataclass(frozen=True)
@@ -69,6 +87,14 @@ class WhatIf:
     stops: tuple[Stop, ...]
     balance: Balance | None = None
     """Where the step had two replicas or more."""
+
+    def savings(self) -> list[tuple[str, float]]:
+        """Each change by its name (``cap_p95``, ``stop_90``, ``balanced``, …) and the seconds
+        it would have saved: the names of the span attributes and the metric's label."""
+        named = [(c.name, c.saved_s) for c in self.caps] + [(s.name, s.saved_s) for s in self.stops]
+        if self.balance is not None:
+            named.append((BALANCED, self.balance.saved_s))
+        return named
 
 
 def what_if(

@@ -446,6 +446,66 @@ def row_steps(d: db.Dashboard) -> db.Dashboard:
     return d
 
 
+def row_why(d: db.Dashboard) -> db.Dashboard:
+    """Why the steps took their time (#42): the causes, what would have helped, the replicas."""
+    d = d.with_row(db.Row("Why the steps took their time"))
+    d = d.with_panel(
+        ts(
+            "Step time by cause (mean per step)",
+            "s",
+            prom(
+                "A",
+                mean_per_step("rollout_step_cause_duration_seconds", by="rollout_cause"),
+                "{{rollout_cause}}",
+            ),
+            description="rollout.step.cause.duration by rollout.cause: each step's duration cut "
+            "along its critical path (the request that finished last) into length_bound, "
+            "replica_imbalance, decode, prefill, queue, dispatch, held, phases, framework_gap. "
+            "Every cause is recorded every step, so the stack is the mean step duration. "
+            "docs/OUTPUTS.md explains each cause.",
+            stacked=True,
+            w=12,
+        )
+    )
+    d = d.with_panel(
+        ts(
+            "What would have helped: estimated seconds saved per step",
+            "s",
+            prom(
+                "A",
+                mean_per_step("rollout_step_whatif_saved_seconds", by="rollout_whatif"),
+                "{{rollout_whatif}}",
+            ),
+            prom("B", mean_per_step("rollout_step_duration_seconds"), "step duration"),
+            description="rollout.step.whatif.saved by rollout.whatif, estimates from each step's "
+            "own timeline: max_tokens capped at the step's p95/p99 length (cap_p95, cap_p99), a "
+            "stop once 90/95 % had finished (stop_90, stop_95), balanced replicas (balanced). "
+            "The model and its measured error: docs/OUTPUTS.md.",
+            w=12,
+        )
+    )
+    d = d.with_panel(
+        ts(
+            "Replica spread per step: the latest replica's end minus the earliest's",
+            "s",
+            prom("A", mean_per_step("rollout_step_replica_spread_seconds"), "spread"),
+            prom(
+                "B",
+                mean_per_step(
+                    "rollout_step_cause_duration_seconds",
+                    f'{STEP}, rollout_cause="replica_imbalance"',
+                ),
+                "replica_imbalance (step time)",
+            ),
+            description="rollout.step.replica.spread, on steps served by two replicas or more "
+            "(rollout.replica on each request span): how unevenly the step's work was spread, "
+            "beside the step time that waited on one replica alone.",
+            w=24,
+        )
+    )
+    return d
+
+
 def row_inside_engine(d: db.Dashboard) -> db.Dashboard:
     """Why a step was slow, from the engines' own figures (#12): the request phases, prefix-cache
     hits, preemptions and KV-cache pressure of each step."""
@@ -800,6 +860,7 @@ def rollout_long_tail() -> dm.Dashboard:
     )
     d = row_latency(d)
     d = row_steps(d)
+    d = row_why(d)
     d = row_engines(d)
     d = row_inside_engine(d)
     d = row_trajectories(d)

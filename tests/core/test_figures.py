@@ -135,13 +135,26 @@ def test_span_attributes_and_points_come_from_the_table(
     )
     data = reader.get_metrics_data()
     assert data is not None
-    points = {
-        (m.name, p.attributes.get(semconv.ROLLOUT_STATISTIC)): (m.unit, p.sum, p.count)
+    every = [
+        (m, p)
         for rm in data.resource_metrics
         for sm in rm.scope_metrics
         for m in sm.metrics
         for p in m.data.data_points
+    ]
+    points = {
+        (m.name, p.attributes.get(semconv.ROLLOUT_STATISTIC)): (m.unit, p.sum, p.count)
+        for m, p in every
+        if m.name != semconv.STEP_WHATIF_SAVED
     }
+    # the estimates' savings: one point per change, by its name
+    saved = {
+        p.attributes[semconv.ROLLOUT_WHATIF]: p.sum
+        for m, p in every
+        if m.name == semconv.STEP_WHATIF_SAVED
+    }
+    assert saved == dict(stats.whatif.savings())
+    assert set(saved) == {"cap_p95", "cap_p99", "stop_90", "stop_95"}
     expected = {
         (f.metric, f.statistic): (f.unit, f.value(stats), 1)
         for f in STEP_FIGURES

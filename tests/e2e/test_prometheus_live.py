@@ -89,6 +89,8 @@ def scraped_run(
         "--weight-sync",  # and its weight-sync, engine-time and staleness panels
         "--agents",  # and its trajectory row
         "2",
+        "--replicas",  # and the replica spread (each agent on an engine of its own)
+        "2",
     )
     try:
         with workload as truth:

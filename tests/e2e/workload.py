@@ -24,11 +24,13 @@ from otel_rollout.trajectories import rollout_scoring, rollout_tool, rollout_tra
 from testkit.engines import VLLM_KWARGS, long_tail_lengths, stop_after, vllm_environment
 
 
-def agentic(llm: Any, prompts: list[str], params: list[Any], agents: int) -> list[Any]:
-    """The step's prompts as ``agents`` trajectories: each generates its share, calls a tool (a
-    Python subprocess) and scores; the requests are the same as without trajectories."""
+def agentic(llms: list[Any], prompts: list[str], params: list[Any], agents: int) -> list[Any]:
+    """The step's prompts as ``agents`` trajectories: each generates its share (on engine
+    ``k mod len(llms)``: the replicas), calls a tool (a Python subprocess) and scores; the
+    requests are the same as without trajectories."""
     outputs: list[Any] = []
     for k in range(agents):
+        llm = llms[k % len(llms)]
         with rollout_trajectory("e2e_agent", sample_id=k) as trajectory:
             outputs += llm.generate(prompts[k::agents], params[k::agents], use_tqdm=False)
             with rollout_tool("python"):
@@ -38,10 +40,10 @@ def agentic(llm: Any, prompts: list[str], params: list[Any], agents: int) -> lis
     return outputs
 
 
-def generate(llm: Any, prompts: list[str], params: list[Any], agents: int) -> list[Any]:
+def generate(llms: list[Any], prompts: list[str], params: list[Any], agents: int) -> list[Any]:
     if agents:
-        return agentic(llm, prompts, params, agents)
-    return list(llm.generate(prompts, params, use_tqdm=False))
+        return agentic(llms, prompts, params, agents)
+    return list(llms[0].generate(prompts, params, use_tqdm=False))
 
 
 def main() -> None:
@@ -77,11 +79,20 @@ def main() -> None:
         help="requests stop (finish_reason stop) right after their length instead of at "
         "max_tokens; every 100th still truncated (finish_reason length)",
     )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="engines (LLM objects) serving the steps; with --agents, agent k on engine k mod N",
+    )
     args = parser.parse_args()
     vllm_environment()
     import vllm
 
-    llm = vllm.LLM(model=args.model, disable_log_stats=not args.engine_stats, **VLLM_KWARGS)
+    llms = [
+        vllm.LLM(model=args.model, disable_log_stats=not args.engine_stats, **VLLM_KWARGS)
+        for _ in range(args.replicas)
+    ]
     for step in range(1, args.steps + 1):
         lengths = long_tail_lengths(args.batch, seed=step, high=160)
         params = [
@@ -93,14 +104,15 @@ def main() -> None:
         prompts = [f"step {step} prompt {i}" for i in range(len(lengths))]
         with rollout_step(step):
             if not args.phases:
-                outputs = generate(llm, prompts, params, args.agents)
+                outputs = generate(llms, prompts, params, args.agents)
             else:
                 with rollout_phase("generation"):
-                    outputs = generate(llm, prompts, params, args.agents)
+                    outputs = generate(llms, prompts, params, args.agents)
                 with rollout_phase("reward"):  # what a trainer does next: score the samples
                     sum(len(set(o.outputs[0].token_ids)) for o in outputs)
             if args.weight_sync:  # the trainer's new weights (the same tiny ones) reach vLLM
-                llm.collective_rpc("reload_weights")
+                for llm in llms:
+                    llm.collective_rpc("reload_weights")
         for out in outputs:
             print(
                 json.dumps(
