@@ -68,6 +68,7 @@ class EngineActivity:
         "stalled",
         "_starts",
         "_since",
+        "_entered",
         "_lock",
     )
 
@@ -99,6 +100,8 @@ class EngineActivity:
         stalled: the gauge and the log line are one decision."""
         self._starts: dict[int, int] = {}
         """Monotonic start time → requests started then and still in flight (oldest age)."""
+        self._entered: dict[str, int] = {}
+        """Each lasting state held now → when it was entered (epoch ns)."""
         self._lock = threading.Lock()
 
     def hold(self, delta: int) -> None:
@@ -109,16 +112,23 @@ class EngineActivity:
             self.operations_running = max(0, self.operations_running + delta)
             self._unheld(now)
 
-    def set_state(self, state: str, on: bool) -> None:
-        """Enter or leave a lasting held state (``asleep`` after sleep, until wake-up)."""
+    def set_state(self, state: str, on: bool) -> tuple[int, int] | None:
+        """Enter or leave a lasting held state (``asleep`` after sleep, until wake-up); leaving
+        one, returns how long it was held (epoch ns, entered → now) for the step it fell in."""
         with self._lock:
             now = time.monotonic_ns()
             self._accrue(now)
+            held: tuple[int, int] | None = None
             if on:
                 self.states.add(state)
+                self._entered.setdefault(state, time.time_ns())
             else:
                 self.states.discard(state)
+                entered = self._entered.pop(state, None)
+                if entered is not None:
+                    held = (entered, time.time_ns())
             self._unheld(now)
+            return held
 
     def change(self, delta: int, operation: str = "", started_ns: int | None = None) -> int:
         """``delta`` requests started (> 0) or ended (< 0); returns the monotonic time taken.

@@ -61,10 +61,20 @@ CAUSES = (
 """Every cause, bounded (a metric label): the order is the order they are reported in."""
 
 HELD_PHASES = frozenset(
-    {"weight_sync", "engine_sleep", "engine_wake", "generation_pause", "generation_resume"}
+    {
+        "weight_sync",
+        "engine_sleep",
+        "engine_wake",
+        "generation_pause",
+        "generation_resume",
+        "engine_paused",
+        "engine_asleep",
+    }
 )
 """Phases during which the engine was held (:mod:`otel_rollout.engine_ops`' operations and the
-frameworks' weight-sync timers): no request of the step could make progress."""
+frameworks' weight-sync timers), and the stretches it stayed paused or asleep between them
+(``engine_<state>``, :meth:`~otel_rollout.steps.StepScope.add_held`): no request of the step
+could make progress."""
 
 
 @dataclass(frozen=True)

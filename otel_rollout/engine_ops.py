@@ -12,7 +12,9 @@ the update. Those calls are the engines' own API (vLLM's ``LLM``/``AsyncLLM``, S
   labelled with the kind, and a call directly under a step adds to the step's phase totals;
 * while it runs the engine is **held** (:class:`~otel_rollout.activity.EngineActivity`): neither
   busy nor idle; sleep and pause leave it held (``asleep``, ``paused``) until the wake-up or
-  resume call, so ``rollout.engine.idle_time`` only counts time the engine could have generated.
+  resume call, so ``rollout.engine.idle_time`` only counts time the engine could have generated;
+  the wake-up or resume hands that stretch to the step it is called in
+  (:meth:`~otel_rollout.steps.StepScope.add_held`), whose causes count it as ``held``.
 
 A call inside another wrapped call (``AsyncLLM.update_weights`` reaching ``collective_rpc``) is
 the outer one's business: it is not counted twice. The engine's result and exceptions pass
@@ -29,6 +31,7 @@ from typing import Any, NamedTuple
 
 from otel_rollout.activity import EngineActivity
 from otel_rollout.attributes import engine_attributes
+from otel_rollout.context import current_step
 from otel_rollout.instrumentation import Wrapper, argument, observing, should_observe
 from otel_rollout.phases import PhaseScope
 from otel_rollout.telemetry import Telemetry, engine_activities
@@ -150,7 +153,10 @@ class _Running:
             if exc is None and self.op.enters:
                 self.activity.set_state(self.op.enters, True)
             if exc is None and self.op.leaves and self.result is not False:
-                self.activity.set_state(self.op.leaves, False)
+                held = self.activity.set_state(self.op.leaves, False)
+                step = current_step()
+                if held is not None and step is not None and hasattr(step, "add_held"):
+                    step.add_held(self.op.leaves, *held)
             if exc is None and self.op.updates_weights and _succeeded(self.result):
                 self.activity.weights.updated(time.time_ns(), self.version)
             self.activity.hold(-1)

@@ -184,6 +184,11 @@ class StepScope:
             if start_ns is not None and end_ns is not None:
                 self.phase_intervals.append((name, start_ns, end_ns))
 
+    def add_held(self, state: str, start_ns: int, end_ns: int) -> None:
+        """The engine stayed ``state`` (paused, asleep) over the interval: held, for the causes."""
+        with self._lock:
+            self.phase_intervals.append((f"engine_{state}", start_ns, end_ns))
+
     # --- context manager ----------------------------------------------------------------------
 
     def __enter__(self) -> StepScope:
@@ -304,12 +309,9 @@ class StepScope:
 
 
 def _versions_at_last_finish(records: list[RequestRecord]) -> list[object]:
-    """The weight versions this process's engines ran when the step's last request finished.
-
-    That, not the version at the step's end, is what the step's samples are measured against:
-    a synchronous loop syncs the next step's weights at the end of this one, after its
-    generation, and its samples are on-policy (staleness 0).
-    """
+    """The weight versions this process's engines ran when the step's last request finished: not
+    at the step's end, where a synchronous loop has synced the next step's weights (on-policy
+    samples, staleness 0)."""
     if not records:
         return []
     last = max(r.finish_ns for r in records)

@@ -150,3 +150,18 @@ def test_a_long_request_on_the_last_replica_stays_length_bound() -> None:
     # b working alone
     assert ms(causes.seconds) == {"prefill": 100, "replica_imbalance": 90, "length_bound": 810}
     assert causes.dominant == "length_bound"
+
+
+def test_the_stretch_an_engine_stayed_paused_is_held() -> None:
+    """Paused 200 → 700 ms between the pause and resume calls (``engine_paused``, handed to the
+    step by the resume: StepScope.add_held) while the last request was decoding."""
+    records = [request(0, 900, 10, 0, 10)]
+    phases = [
+        ("generation_pause", S + 190 * MS, S + 200 * MS),
+        ("engine_paused", S + 200 * MS, S + 700 * MS),
+        ("generation_resume", S + 700 * MS, S + 710 * MS),
+    ]
+    causes = attribute(records, S, S + 900 * MS, phases)
+    assert causes is not None
+    assert ms(causes.seconds) == {"prefill": 10, "decode": 370, "held": 520}
+    assert causes.dominant == "held"
