@@ -305,7 +305,11 @@ def analyze(
         request_phases=analyze_request_phases(records),
         cache=analyze_cache(records),
         engine=analyze_engine(engine_windows, duration_s),
-        causes=None if step_ns is None else attribute(records, *step_ns, phases, tail_start),
+        causes=(
+            None
+            if step_ns is None
+            else attribute(records, *step_ns, phases, tail_start, trajectories)
+        ),
         whatif=what_if(records, replicas),
         replicas=replicas,
     )

@@ -23,15 +23,18 @@ its cause, so the causes sum to the step's duration exactly:
   (its length beyond the median stays ``length_bound``: a long request is not the balance's
   fault). What balancing would have saved is the what-if's estimate
   (:mod:`otel_rollout.replica_load`);
+* in an agentic step (:mod:`otel_rollout.trajectories`): the part of the critical request's
+  ``dispatch`` its own trajectory spent in tool calls or scoring is ``agentic_wait`` (the rest
+  stays ``dispatch``: its earlier turns), and so is time outside generation that no phase
+  covers but some trajectory's tool call or scoring did;
 * wherever the engine was held while the critical request was in flight, that time is
   ``held`` instead.
 
 The tail (from ``OTEL_ROLLOUT_TAIL_QUANTILE`` of finishes to the last) is read on the same
 segments. Times the engine did not stamp fall to the neighbouring segment (no scheduled stamp:
 the queue is counted as prefill; no first token: all of it is decode). Not yet separated (they
-are inside ``decode`` / ``queue``): preemption recompute, a full KV cache at admission, agentic
-tool waits — the critical request's own preemption count and finish reason are kept beside the
-causes.
+are inside ``decode`` / ``queue``): preemption recompute and a full KV cache at admission —
+the critical request's own preemption count and finish reason are kept beside the causes.
 
 Pure: records and intervals in, figures out; no SDK, no engine.
 """
@@ -42,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from otel_rollout.quantiles import nearest_rank
-from otel_rollout.record import RequestRecord
+from otel_rollout.record import RequestRecord, TrajectoryRecord
 from otel_rollout.replica_load import replica_ends
 
 __all__ = ["CAUSES", "HELD_PHASES", "CriticalRequest", "StepCauses", "attribute"]
@@ -54,6 +57,7 @@ CAUSES = (
     "prefill",
     "queue",
     "dispatch",
+    "agentic_wait",
     "held",
     "phases",
     "framework_gap",
@@ -112,9 +116,11 @@ def attribute(
     end_ns: int,
     phases: Sequence[tuple[str, int, int]] = (),
     tail_start_ns: int | None = None,
+    trajectories: Sequence[TrajectoryRecord] = (),
 ) -> StepCauses | None:
-    """The causes of the step ``[start_ns, end_ns]`` from its requests and top-level phases
-    (``(name, start_ns, end_ns)``); ``None`` without a request or a positive duration."""
+    """The causes of the step ``[start_ns, end_ns]`` from its requests, top-level phases
+    (``(name, start_ns, end_ns)``) and agentic trajectories; ``None`` without a request or a
+    positive duration."""
     if not records or end_ns <= start_ns:
         return None
     critical = max(records, key=lambda r: (r.finish_ns, r.finish_ns - r.arrival_ns))
@@ -145,14 +151,20 @@ def attribute(
         (decode_from, gend - length_ns, "decode"),
         (gend - length_ns, gend, "length_bound"),
     ]
+    own = _trajectory_of(critical, trajectories)
+    if own is not None:  # its trajectory's tool calls and scoring before it was sent
+        path = _cover(path, _merge([*own.tools, *own.scoring]), {"dispatch"}, "agentic_wait")
     others = replica_ends(records)
     others.pop(critical.replica or "", None)
     if critical.replica is not None and others:
         path = _relabel(path, clip(max(others.values())), _WAITING, "replica_imbalance")
     held = _merge([(s, e) for name, s, e in phases if name in HELD_PHASES])
     other = _merge([(s, e) for name, s, e in phases if name not in HELD_PHASES])
-    segments = _outside(start_ns, g0, held, other) + _overlay(path, held)
+    segments = _outside(start_ns, g0, held, other) + _cover(path, held, None, "held")
     segments += _outside(gend, end_ns, held, other)
+    # outside generation, what no phase covers but some trajectory's tool call or scoring did
+    waits = _merge([i for t in trajectories for i in (*t.tools, *t.scoring)])
+    segments = _cover(segments, waits, {"framework_gap"}, "agentic_wait")
 
     seconds = {c: 0.0 for c in CAUSES}
     tail = {c: 0.0 for c in CAUSES}
@@ -226,13 +238,34 @@ def _cut(start: int, end: int, cover: list[tuple[int, int]]) -> list[tuple[int, 
     return pieces
 
 
-def _overlay(path: list[Segment], held: list[tuple[int, int]]) -> list[Segment]:
-    """The critical path with the time the engine was held named ``held``."""
+def _cover(
+    segments: list[Segment],
+    cover: list[tuple[int, int]],
+    causes: set[str] | None,
+    to: str,
+) -> list[Segment]:
+    """``segments`` with their parts inside ``cover`` named ``to`` — only segments named in
+    ``causes`` (all where ``None``)."""
     return [
-        (s, e, "held" if inside else cause)
-        for start, end, cause in path
-        for s, e, inside in _cut(start, end, held)
+        (s, e, to if inside else cause)
+        for start, end, cause in segments
+        for s, e, inside in (
+            _cut(start, end, cover) if causes is None or cause in causes else [(start, end, False)]
+        )
     ]
+
+
+def _trajectory_of(
+    critical: RequestRecord, trajectories: Sequence[TrajectoryRecord]
+) -> TrajectoryRecord | None:
+    """The trajectory whose turn overlaps the critical request most: the one it was a turn of."""
+    best, most = None, 0
+    for t in trajectories:
+        for s, e in t.turns:
+            overlap = min(e, critical.finish_ns) - max(s, critical.arrival_ns)
+            if overlap > most:
+                best, most = t, overlap
+    return best
 
 
 def _outside(

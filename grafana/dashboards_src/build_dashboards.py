@@ -460,7 +460,8 @@ def row_why(d: db.Dashboard) -> db.Dashboard:
             ),
             description="rollout.step.cause.duration by rollout.cause: each step's duration cut "
             "along its critical path (the request that finished last) into length_bound, "
-            "replica_imbalance, decode, prefill, queue, dispatch, held, phases, framework_gap. "
+            "replica_imbalance, decode, prefill, queue, dispatch, agentic_wait, held, phases, "
+            "framework_gap. "
             "Every cause is recorded every step, so the stack is the mean step duration. "
             "docs/OUTPUTS.md explains each cause.",
             stacked=True,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from otel_rollout.attribution import CAUSES, attribute
-from otel_rollout.record import RequestRecord
+from otel_rollout.record import RequestRecord, TrajectoryRecord
 
 S = 1_000_000_000_000  # the step's start, ns
 MS = 1_000_000
@@ -165,3 +165,59 @@ def test_the_stretch_an_engine_stayed_paused_is_held() -> None:
     assert causes is not None
     assert ms(causes.seconds) == {"prefill": 10, "decode": 370, "held": 520}
     assert causes.dominant == "held"
+
+
+def _trajectory(
+    turns: list[tuple[int, int]],
+    tools: list[tuple[int, int]],
+    scoring: list[tuple[int, int]] = (),  # type: ignore[assignment]
+) -> TrajectoryRecord:
+    """Intervals in ms after the step's start."""
+
+    def ns(intervals: Any) -> tuple[tuple[int, int], ...]:
+        return tuple((S + a * MS, S + b * MS) for a, b in intervals)
+
+    ends = [b for _, b in [*turns, *tools, *scoring]]
+    return TrajectoryRecord(
+        agent="a",
+        start_ns=S + turns[0][0] * MS,
+        end_ns=S + max(ends) * MS,
+        status="completed",
+        turns=ns(turns),
+        output_tokens=10,
+        tools=ns(tools),
+        scoring=ns(scoring),
+        generation_s=0.0,
+        tool_s=0.0,
+        scoring_s=0.0,
+        waiting_s=0.0,
+    )
+
+
+def test_a_slow_tool_before_the_last_turn_is_agentic_wait() -> None:
+    """Two trajectories: a's turns 0–100 and 150–250 ms around a 50 ms tool; b's first turn
+    0–100 ms, a 600 ms tool, its second turn 700–800 ms (the step's last request), then 100 ms
+    of scoring. The step waited on b's tool, and on its scoring after generation."""
+    records = [
+        request(0, 100, 10, 0, 10),
+        request(150, 250, 10, 150, 160),
+        request(0, 100, 10, 0, 10),
+        request(700, 800, 10, 700, 710),
+    ]
+    trajectories = [
+        _trajectory([(0, 100), (150, 250)], [(100, 150)]),
+        _trajectory([(0, 100), (700, 800)], [(100, 700)], [(800, 900)]),
+    ]
+    causes = attribute(records, S, S + 950 * MS, trajectories=trajectories)
+    assert causes is not None
+    assert ms(causes.seconds) == {
+        "dispatch": 100,  # b's first turn
+        "agentic_wait": 700,  # b's tool (600) and, after generation, its scoring (100)
+        "prefill": 10,
+        "decode": 90,
+        "framework_gap": 50,
+    }
+    assert causes.dominant == "agentic_wait"
+    # a's tool overlapped b's first turn and tool: it did not delay the last request
+    no_trajectories = attribute(records, S, S + 950 * MS)
+    assert no_trajectories is not None and no_trajectories.seconds["agentic_wait"] == 0
