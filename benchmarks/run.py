@@ -40,6 +40,7 @@ def smoke(with_engine: bool) -> int:
     import bench_memory
     import bench_sampling
     import bench_scale
+    import bench_step_end
 
     failures = 0
     t0 = time.monotonic()
@@ -52,6 +53,7 @@ def smoke(with_engine: bool) -> int:
         ("exit", lambda: bench_exit.run(True)),
         ("engine_figures", lambda: bench_engine_figures.run(True)),
         ("sampling", lambda: bench_sampling.run(True)),
+        ("step_end", lambda: bench_step_end.run(True)),
     ]
     for name, fn in steps:
         start = time.monotonic()

@@ -29,8 +29,10 @@ from urllib.parse import urlsplit
 __all__ = ["endpoint_replica", "engine_replica", "process_replica"]
 
 _process: tuple[int, str] | None = None
-_engines: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-_unweakable: dict[int, str] = {}
+_engines: dict[int, tuple[weakref.ref[Any] | None, int, str]] = {}
+"""``id(engine)`` → (a weak reference to it, or ``None`` where it takes none; the pid the name
+was made in; its name). Asked once per request: a dict lookup and two checks, no weak
+reference made per call (``WeakKeyDictionary.get`` makes one)."""
 _numbers = itertools.count()
 _lock = threading.Lock()
 
@@ -63,20 +65,27 @@ def _actor_name() -> str | None:
 def engine_replica(engine: object) -> str:
     """The replica of one engine object in this process: :func:`process_replica`, with ``#k``
     for the k-th other engine object that served a request here."""
-    base = process_replica()
-    try:
-        suffix = _engines.get(engine)
-    except TypeError:  # not weak-referenceable: keyed by id (kept for the process's life)
-        suffix = _unweakable.get(id(engine))
-    if suffix is None:
-        with _lock:
-            number = next(_numbers)
-            suffix = f"#{number}" if number else ""
-            try:
-                _engines[engine] = suffix
-            except TypeError:
-                _unweakable[id(engine)] = suffix
-    return base + suffix
+    known = _engines.get(id(engine))
+    if known is not None and known[1] == os.getpid() and (known[0] is None or known[0]() is engine):
+        return known[2]
+    with _lock:
+        number = next(_numbers)
+        name = process_replica() + (f"#{number}" if number else "")
+        try:
+            ref: weakref.ref[Any] | None = weakref.ref(engine, _forget(id(engine)))
+        except TypeError:  # not weak-referenceable: kept by id for the process's life
+            ref = None
+        _engines[id(engine)] = (ref, os.getpid(), name)
+    return name
+
+
+def _forget(key: int) -> Any:
+    def forget(_: object) -> None:
+        known = _engines.get(key)
+        if known is not None and known[0] is not None and known[0]() is None:
+            del _engines[key]
+
+    return forget
 
 
 def endpoint_replica(url: object) -> str | None:
