@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -105,6 +106,7 @@ def _check_step(
     receiver: OTLPReceiver,
     otel: OTelHarness,
     step: int,
+    server_url: str,
     aborted: int = 0,
 ) -> None:
     """The step counted exactly its calls (and ``aborted`` streams closed early), with the
@@ -117,6 +119,8 @@ def _check_step(
     assert sorted(r["output_tokens"] for r in requests) == sorted(c[1] for c in calls)
     assert sorted(r["finish_reason"] for r in requests) == sorted(c[2] for c in calls)
     assert {r["timing_source"] for r in requests} == {"client"}
+    # the replica as the client knows it: the server's host:port
+    assert {r["replica"] for r in entry["requests"]} == {urlsplit(server_url).netloc}
     # Streams have a first token (their first event); whole responses do not say.
     streamed = {c[0] for c in calls if c[3]}
     assert {r["request_id"] for r in requests if r["first_token_ns"] is not None} == streamed
@@ -172,7 +176,7 @@ def test_sync_client_steps_count_every_request_zero_code(
     entries = _entries(step_log)
     assert sorted(entries) == [1, 2]
     for step in (1, 2):
-        _check_step(entries[step], calls[step], receiver, otel, step)
+        _check_step(entries[step], calls[step], receiver, otel, step, server.url)
     assert receiver.wait_for(
         lambda r: any(
             str(attr(s.attributes, "gen_ai.response.id") or "").startswith(plain[0])
@@ -222,7 +226,7 @@ def test_async_client_gathered_requests_and_a_stream_closed_early(
 
     done, counted = asyncio.run(rollout())
     assert counted == len(done) + 1
-    _check_step(_entries(step_log)[3], done, receiver, otel, 3, aborted=1)
+    _check_step(_entries(step_log)[3], done, receiver, otel, 3, server.url, aborted=1)
 
 
 def test_requests_batch_of_prompts_counts_one_request_per_prompt(

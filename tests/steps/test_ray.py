@@ -37,7 +37,11 @@ def run_step(ray: Any, otel: OTelHarness, tiny_model: str, step: int) -> tuple[A
     from tests.steps.ray_actors import RolloutActor
 
     remote = ray.remote(num_cpus=1)(RolloutActor)
-    actors = [remote.remote(tiny_model, VLLM_KWARGS) for _ in range(2)]
+    # named, as verl's and slime's servers are: the name is the replica of their requests
+    actors = [
+        remote.options(name=f"rollout-{k}-step{step}").remote(tiny_model, VLLM_KWARGS)
+        for k in range(2)
+    ]
     infos = ray.get([a.describe.remote() for a in actors], timeout=180)
     assert len({i["pid"] for i in infos}) == 2
     assert all(i["instrumented"] and i["tracer_provider"] == "TracerProvider" for i in infos), infos
@@ -77,6 +81,10 @@ def assert_one_trace(
     # ... and every request span is a child of one of those batch spans.
     assert {r.parent_span_id for r in requests} == {b.span_id for b in batches}
     assert all(attr(r.attributes, "rollout.step") == step for r in requests)
+    # each request names the actor that served it
+    replicas = [attr(r.attributes, "rollout.replica") for r in requests]
+    assert sorted(set(replicas)) == [f"rollout-0-step{step}", f"rollout-1-step{step}"]
+    assert all(replicas.count(name) == len(lengths) for name in set(replicas))
     assert sorted(attr(r.attributes, "gen_ai.usage.output_tokens") for r in requests) == sorted(
         lengths * 2
     )
