@@ -95,6 +95,9 @@ class CriticalRequest:
     replica: str | None = None
 
 
+Segment = tuple[int, int, str]
+
+
 @dataclass(frozen=True)
 class StepCauses:
     """A step's seconds by cause (summing to its duration) and its tail's (summing to the tail)."""
@@ -105,9 +108,9 @@ class StepCauses:
     critical: CriticalRequest
     share: dict[str, float] = field(default_factory=dict)
     """Each cause's seconds / the step's duration."""
-
-
-Segment = tuple[int, int, str]
+    path: tuple[Segment, ...] = ()
+    """The step's time in order, ``(start_ns, end_ns, cause)``, neighbours of one cause joined:
+    what the step picture's cause band draws."""
 
 
 def attribute(
@@ -191,6 +194,7 @@ def attribute(
             critical.replica,
         ),
         share={c: v / duration for c, v in seconds.items()},
+        path=_joined(segments),
     )
 
 
@@ -209,6 +213,17 @@ def _relabel(path: list[Segment], after: int, causes: frozenset[str], to: str) -
         else:
             out.append((s, e, cause))
     return out
+
+
+def _joined(segments: list[Segment]) -> tuple[Segment, ...]:
+    """Non-empty segments in order, a cause's neighbours joined into one."""
+    out: list[Segment] = []
+    for s, e, cause in sorted((seg for seg in segments if seg[1] > seg[0]), key=lambda g: g[0]):
+        if out and out[-1][2] == cause and out[-1][1] >= s:
+            out[-1] = (out[-1][0], max(out[-1][1], e), cause)
+        else:
+            out.append((s, e, cause))
+    return tuple(out)
 
 
 def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from otel_rollout.record import FINISH_LENGTH
 from otel_rollout.reports.lanes import draw_lanes
 from otel_rollout.reports.steplog import read_log
+from otel_rollout.reports.timeline import timeline_lane
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -90,9 +91,13 @@ def write_png(
     n = len(trajectories) or len(requests)
     height = 5.5 if n <= 40 else 7.0
     phases = list(entry.get("phases") or ())
-    fig = figure_cls(figsize=(15, height + (0.9 if phases else 0)), dpi=110, layout="constrained")
-    if phases:
-        grid = fig.add_gridspec(2, 2, width_ratios=(3.2, 1), height_ratios=(1, 7))
+    causes = list(entry.get("causes") or ())
+    timeline = bool(phases or causes)
+    extra = 0.9 * (bool(phases) + bool(causes))
+    fig = figure_cls(figsize=(15, height + extra), dpi=110, layout="constrained")
+    if timeline:
+        rows = bool(phases) + bool(causes)
+        grid = fig.add_gridspec(2, 2, width_ratios=(3.2, 1), height_ratios=(rows, 7))
         lane = fig.add_subplot(grid[0, 0])
         left = fig.add_subplot(grid[1, 0])
         right = fig.add_subplot(grid[:, 1])
@@ -102,8 +107,8 @@ def write_png(
         draw_lanes(left, trajectories, stats)
     else:
         _waterfall(left, requests, stats)
-    if phases:
-        _phase_lane(lane, left, phases)
+    if timeline:
+        timeline_lane(lane, left, phases, causes)
     _histogram(right, requests, stats)
     fig.suptitle(_title(entry), fontsize=12, x=0.01, ha="left")
     out = Path(outdir)
@@ -111,39 +116,6 @@ def write_png(
     path = out / (filename or f"{_file_stem(entry)}.png")
     fig.savefig(path, facecolor="white")
     return str(path)
-
-
-_PHASE_COLOURS = ("#74c476", "#fd8d3c", "#9e9ac8", "#6baed6", "#fdae6b", "#a1d99b", "#bcbddc")
-
-
-def _phase_lane(lane: Axes, below: Axes, phases: list[Mapping[str, Any]]) -> None:
-    """The step timeline above the requests: one bar per top-level phase (generation, reward,
-    weight sync, …) on the same time axis, which widens to hold phases before the first request
-    or after the last."""
-    colours: dict[str, str] = {}
-    for phase in phases:
-        name = str(phase["name"])
-        colour = colours.setdefault(name, _PHASE_COLOURS[len(colours) % len(_PHASE_COLOURS)])
-        start, end = phase["start_ns"] / 1e9, phase["end_ns"] / 1e9
-        lane.broken_barh([(start, max(end - start, 1e-4))], (0, 1), color=colour, lw=0)
-    lo, hi = below.get_xlim()
-    lo = min(lo, *(p["start_ns"] / 1e9 for p in phases))
-    hi = max(hi, *(p["end_ns"] / 1e9 for p in phases))
-    for ax in (lane, below):
-        ax.set_xlim(lo, hi)
-    lane.set_ylim(0, 1)
-    lane.set_yticks([])
-    lane.tick_params(labelbottom=False)
-    from matplotlib.patches import Patch
-
-    lane.legend(
-        handles=[Patch(color=c, label=n) for n, c in colours.items()],
-        loc="center left",
-        bbox_to_anchor=(1.0, 0.5),
-        fontsize=7,
-        frameon=False,
-    )
-    lane.set_title("Step phases", fontsize=10, loc="left")
 
 
 def _title(entry: Mapping[str, Any]) -> str:

@@ -81,6 +81,8 @@ def step_entry(
     stats_dict = asdict(stats)
     stats_dict["tail_fraction"] = stats.tail_fraction
     stats_dict["tail_start_ns"] = stats.tail_start_ns - t0
+    if stats_dict.get("causes"):  # the path in order, relative like every time of the entry
+        stats_dict["causes"].pop("path", None)
     trace_ids = {r["trace_id"] for r in requests if r["trace_id"]}
     return {
         "version": ENTRY_VERSION,
@@ -93,6 +95,10 @@ def step_entry(
         "phases": [
             {"name": name, "start_ns": start - t0, "end_ns": end - t0}
             for name, start, end in sorted(phases, key=lambda p: p[1])
+        ],
+        "causes": [
+            {"cause": cause, "start_ns": start - t0, "end_ns": end - t0}
+            for start, end, cause in (stats.causes.path if stats.causes is not None else ())
         ],
     }
 

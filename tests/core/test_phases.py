@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from otel_rollout import phases, rollout_phase, rollout_step
+from otel_rollout.attribution import CAUSES
 from otel_rollout.semconv import PHASE_NAME, STEP_PHASE_DURATION, STEP_SPAN_NAME
 from tests.conftest import OTelHarness
 
@@ -175,12 +176,13 @@ def test_the_step_timeline_in_summary_step_log_and_png(
     # The PNG gets the lane: drawn from the same entry, one bar per phase on the time axis.
     from matplotlib.figure import Figure
 
-    from otel_rollout.reports.png import _phase_lane, _waterfall
+    from otel_rollout.reports.png import _waterfall
+    from otel_rollout.reports.timeline import timeline_lane
 
     assert (tmp_path / "step-000021.png").stat().st_size > 10_000
     lane, below = Figure().subplots(2, 1)
     _waterfall(below, entry["requests"], entry["stats"])
-    _phase_lane(lane, below, entry["phases"])
+    timeline_lane(lane, below, entry["phases"], [])
     bars = [
         (round(float(path.vertices[:, 0].min()), 6), round(float(path.vertices[:, 0].max()), 6))
         for collection in lane.collections
@@ -191,3 +193,23 @@ def test_the_step_timeline_in_summary_step_log_and_png(
     ]
     assert lane.get_xlim() == below.get_xlim()
     assert lane.get_xlim()[1] >= entry["phases"][-1]["end_ns"] / 1e9
+    # The cause band under the phases: the step's time in order, one bar per piece of its path,
+    # from its start to its end (relative to the first arrival, like the rest of the entry).
+    causes = entry["causes"]
+    assert causes and all(c["cause"] in CAUSES for c in causes)
+    assert all(a["end_ns"] <= b["start_ns"] for a, b in zip(causes, causes[1:], strict=False))
+    span = spans["rollout.step"]
+    assert causes[0]["start_ns"] + t0 == span.start_time
+    assert causes[-1]["end_ns"] + t0 == span.end_time
+    seconds = {c: 0.0 for c in CAUSES}
+    for c in causes:
+        seconds[c["cause"]] += (c["end_ns"] - c["start_ns"]) / 1e9
+    assert seconds == pytest.approx(step.stats.causes.seconds, abs=1e-6)  # type: ignore[union-attr]
+    # weight_sync is held; the 10 ms no phase covered is the framework's
+    assert seconds["held"] > 0 and seconds["framework_gap"] > 0
+    lane, below = Figure().subplots(2, 1)
+    timeline_lane(lane, below, entry["phases"], causes)
+    assert len([p for c in lane.collections for p in c.get_paths()]) == len(entry["phases"]) + len(
+        causes
+    )
+    assert [t.get_text() for t in lane.get_yticklabels()] == ["why", "phases"]
