@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from otel_rollout.record import FINISH_LENGTH
 from otel_rollout.reports.lanes import draw_lanes
 from otel_rollout.reports.steplog import read_log
-from otel_rollout.reports.timeline import timeline_lane
+from otel_rollout.reports.timeline import replica_lanes, timeline_lane
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -92,11 +92,12 @@ def write_png(
     height = 5.5 if n <= 40 else 7.0
     phases = list(entry.get("phases") or ())
     causes = list(entry.get("causes") or ())
-    timeline = bool(phases or causes)
-    extra = 0.9 * (bool(phases) + bool(causes))
+    replicas = replica_lanes(requests)
+    timeline = bool(phases or causes or replicas)
+    extra = 0.9 * (bool(phases) + bool(causes)) + 0.3 * len(replicas)
     fig = figure_cls(figsize=(15, height + extra), dpi=110, layout="constrained")
     if timeline:
-        rows = bool(phases) + bool(causes)
+        rows = bool(phases) + bool(causes) + len(replicas) / 3
         grid = fig.add_gridspec(2, 2, width_ratios=(3.2, 1), height_ratios=(rows, 7))
         lane = fig.add_subplot(grid[0, 0])
         left = fig.add_subplot(grid[1, 0])
@@ -108,7 +109,7 @@ def write_png(
     else:
         _waterfall(left, requests, stats)
     if timeline:
-        timeline_lane(lane, left, phases, causes)
+        timeline_lane(lane, left, phases, causes, replicas)
     _histogram(right, requests, stats)
     fig.suptitle(_title(entry), fontsize=12, x=0.01, ha="left")
     out = Path(outdir)

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -99,3 +101,31 @@ def test_an_endpoint_is_its_host_and_port() -> None:
         == "127.0.0.1:8000"
     )
     assert replicas.endpoint_replica("http://engine-3:30000/generate") == "engine-3:30000"
+
+
+def test_the_step_picture_draws_a_lane_per_replica(tmp_path: Path) -> None:
+    """From the step log entry: the cause band, then one lane per replica from its first arrival
+    to its last finish, the busiest (latest end) last; the PNG is written with them."""
+    from matplotlib.figure import Figure
+
+    from otel_rollout.reports.png import write_png
+    from otel_rollout.reports.steplog import step_entry
+    from otel_rollout.reports.timeline import replica_lanes, timeline_lane
+
+    records = one_to_three()
+    stats = analyze(records, 0.3, step_ns=(S, S + 300 * MS))
+    assert stats is not None
+    entry = json.loads(json.dumps(step_entry(7, stats, records)))  # as read back from the log
+    assert {r["replica"] for r in entry["requests"]} == {"a", "b"}
+    lanes = replica_lanes(entry["requests"])
+    assert [(label, busy["start_ns"], busy["end_ns"]) for label, busy in lanes] == [
+        ("a (4)", 0, 100 * MS),
+        ("b (12)", 0, 300 * MS),
+    ]
+    lane, below = Figure().subplots(2, 1)
+    timeline_lane(lane, below, entry["phases"], entry["causes"], lanes)
+    assert [t.get_text() for t in lane.get_yticklabels()] == ["b (12)", "a (4)", "why"]
+    assert len([p for c in lane.collections for p in c.get_paths()]) == len(entry["causes"]) + 2
+    assert Path(write_png(entry, tmp_path)).stat().st_size > 10_000
+    # one replica, or none named: no lanes
+    assert replica_lanes([{**r, "replica": "a"} for r in entry["requests"]]) == []
