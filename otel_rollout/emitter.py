@@ -251,21 +251,28 @@ class Emitter:
         and worth waiting for. Progress is a chunk of records emitted. While the emitter is at
         work — inside a chunk, or waiting on a drain of the exporter — a chunk may take long on
         a loaded machine or behind a slow exporter, so the wait lasts up to ``busy_s`` (default
-        ``stall_s``) since the last chunk; while it is idle with records pending, ``stall_s``.
+        ``stall_s``) since the last chunk; while it is idle with records pending, ``stall_s``
+        since it was last seen at work or emitting (the moment a drain returns is no stall).
         ``give_up`` ends the wait early (the exporter is known not to answer).
         """
         busy_s = stall_s if busy_s is None else max(busy_s, stall_s)
         target = self._submitted
         seen = self._processed
-        last = time.monotonic()
+        last = active = time.monotonic()
         with self._cond:
             self._waiters += 1
             try:
                 while self._processed < target:
                     now = time.monotonic()
                     if self._processed != seen:
-                        seen, last = self._processed, now
-                    left = last + (busy_s if self._at_work() else stall_s) - now
+                        seen, last, active = self._processed, now, now
+                    if self._at_work():
+                        active = now
+                        left = last + busy_s - now
+                    else:
+                        # idle since it was last seen at work, not since its last chunk: a
+                        # drain of a slow exporter that just returned is no stall of the emitter
+                        left = active + stall_s - now
                     if left <= 0 or not self._alive() or give_up():
                         return False
                     self._cond.wait(min(left, 0.05))
