@@ -42,6 +42,7 @@ Pure: records and intervals in, figures out; no SDK, no engine.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from otel_rollout.quantiles import nearest_rank
@@ -160,7 +161,8 @@ def attribute(
     others = replica_ends(records)
     others.pop(critical.replica or "", None)
     if critical.replica is not None and others:
-        path = _relabel(path, clip(max(others.values())), _WAITING, "replica_imbalance")
+        alone = [(clip(max(others.values())), gend)]  # every other replica had finished
+        path = _cover(path, alone, _WAITING, "replica_imbalance")
     held = _merge([(s, e) for name, s, e in phases if name in HELD_PHASES])
     other = _merge([(s, e) for name, s, e in phases if name not in HELD_PHASES])
     segments = _outside(start_ns, g0, held, other) + _cover(path, held, None, "held")
@@ -200,19 +202,6 @@ def attribute(
 
 _WAITING = frozenset({"dispatch", "queue", "prefill", "decode"})
 """The critical path's segments that are time spent on its replica's work, not on its own length."""
-
-
-def _relabel(path: list[Segment], after: int, causes: frozenset[str], to: str) -> list[Segment]:
-    """The path with the part after ``after`` of each segment named in ``causes`` named ``to``."""
-    out: list[Segment] = []
-    for s, e, cause in path:
-        if cause in causes and e > after:
-            if after > s:
-                out.append((s, after, cause))
-            out.append((max(s, after), e, to))
-        else:
-            out.append((s, e, cause))
-    return out
 
 
 def _joined(segments: list[Segment]) -> tuple[Segment, ...]:
@@ -256,7 +245,7 @@ def _cut(start: int, end: int, cover: list[tuple[int, int]]) -> list[tuple[int, 
 def _cover(
     segments: list[Segment],
     cover: list[tuple[int, int]],
-    causes: set[str] | None,
+    causes: AbstractSet[str] | None,
     to: str,
 ) -> list[Segment]:
     """``segments`` with their parts inside ``cover`` named ``to`` — only segments named in
